@@ -1,0 +1,207 @@
+"""Shared parts of the benchmarks: a fast OpenAI-protocol stub policy, CPU accounting, JSON out.
+
+The stub is an aiohttp server (not Ray Serve) so that what is measured is the engine, not the
+policy server: it plays the scripted policy's strategy with zero (or a fixed) think time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def serve_stub(port: int, latency_s: float) -> None:
+    """Run the stub policy until killed (the body of ``python common.py stub PORT LATENCY``)."""
+    from aiohttp import web
+
+    from deployments.scripted.strategy import next_action
+
+    counter = 0
+
+    async def chat(request: web.Request) -> web.Response:
+        nonlocal counter
+        body = await request.json()
+        if latency_s:
+            await asyncio.sleep(latency_s)
+        action = next_action(body.get("messages") or [], body.get("tools") or [])
+        counter += 1
+        message: dict[str, Any] = {"role": "assistant", "content": action.text}
+        if action.tool:
+            message["tool_calls"] = [
+                {
+                    "id": f"call_{counter}",
+                    "type": "function",
+                    "function": {"name": action.tool, "arguments": action.arguments},
+                }
+            ]
+        return web.json_response(
+            {
+                "id": f"c{counter}",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "stub",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": message,
+                        "logprobs": None,
+                        "finish_reason": "tool_calls" if action.tool else "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+            }
+        )
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, backlog=4096)
+
+
+@contextmanager
+def stub_policy(latency_s: float = 0.0) -> Iterator[tuple[str, int]]:
+    """Start the stub in its own process; yields (base_url, pid)."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "stub", str(port), str(latency_s)],
+        env={
+            **os.environ,
+            "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        },
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise RuntimeError("stub policy did not start") from None
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/v1", process.pid
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def _stat(pid: int) -> tuple[int, float] | None:
+    """(parent pid, CPU seconds) of a live process, from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            fields = file.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU seconds used so far by ``root`` and every live descendant (Ray's daemons, workers)."""
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat = _stat(int(name))
+            if stat:
+                parents[int(name)], cpu[int(name)] = stat
+    total = 0.0
+    for pid, seconds in cpu.items():
+        node = pid
+        while node and node != root:
+            node = parents.get(node, 0)
+        if node == root:
+            total += seconds
+    return total
+
+
+def emit(result: dict[str, Any]) -> None:
+    """Print the benchmark's one JSON object."""
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "stub":
+    serve_stub(int(sys.argv[2]), float(sys.argv[3]))
+
+
+def weather_tasks(n: int, prefix: str = "w") -> list[dict[str, Any]]:
+    """n single-tool weather tasks (2 model calls and 1 tool call per episode)."""
+    return [
+        {
+            "task_id": f"{prefix}{i}",
+            "prompt": f"What's the weather like in City {i}?",
+            "environment": "weather",
+        }
+        for i in range(n)
+    ]
+
+
+def engine_config(base_url: str, out: str, **overrides: Any) -> dict[str, Any]:
+    """A run config driving the stub at ``base_url`` (overrides merge one level deep)."""
+    config: dict[str, Any] = {
+        "namespace": "bench",
+        "policy": {
+            "kind": "openai",
+            "base_url": base_url,
+            "model": "stub",
+            "max_retries": 0,
+            "timeout_s": 120,
+        },
+        "agents": {"num_agents": 2},
+        "concurrency": 256,
+        "output": {"dir": out, "rows_per_part": 5000},
+        "ray": {"num_cpus": 4},
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict):
+            config[key] = {**config.get(key, {}), **value}
+        else:
+            config[key] = value
+    return config
+
+
+def timed_collect(engine: Any, tasks: list[dict[str, Any]], stub_pid: int) -> dict[str, float]:
+    """Collect ``tasks`` on a started engine; episodes/s and CPU ms/episode of every process."""
+    root = os.getpid()
+    cpu0 = tree_cpu_seconds(root) + tree_cpu_seconds(stub_pid)
+    start = time.perf_counter()
+    result = engine.collect(tasks)
+    wall = time.perf_counter() - start
+    cpu = tree_cpu_seconds(root) + tree_cpu_seconds(stub_pid) - cpu0
+    ok = result.summary["total"]["statuses"].get("ok", 0)
+    if ok != len(tasks):
+        raise RuntimeError(f"only {ok} of {len(tasks)} episodes ok: {result.summary['total']}")
+    return {
+        "episodes_per_s": len(tasks) / wall,
+        "cpu_ms_per_episode": 1000 * cpu / len(tasks),
+        "seconds": wall,
+    }
+
+
+def start_ray() -> None:
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+
+
+def stop_ray() -> None:
+    import ray
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()

@@ -1,0 +1,81 @@
+"""Latency hiding: does throughput grow with concurrency when the policy is slow?
+
+The stub answers every call after a fixed latency L; weather episodes make K = 2 model calls.
+With C episodes in flight the ideal rate is C / (K * L); efficiency = measured / ideal.
+Efficiency stays near 1 until the engine's own CPU per episode becomes the limit: on 2 cores,
+at about 3 ms of CPU per episode, that is a few hundred episodes/s, whatever C is.
+
+    python benchmarks/latency_hiding.py                     # C in 64, 512, 2048, 8192
+    python benchmarks/latency_hiding.py --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from common import (  # noqa: E402
+    emit,
+    engine_config,
+    start_ray,
+    stop_ray,
+    stub_policy,
+    timed_collect,
+    weather_tasks,
+)
+
+TURNS = 2
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--latency", type=float, default=0.2, help="policy latency L, seconds")
+    parser.add_argument("--concurrency", default="64,512,2048,8192")
+    parser.add_argument("--waves", type=float, default=2.0, help="episodes = waves x C")
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    if args.smoke:
+        levels, args.waves = [32], 1.0
+    from rayrollout import RolloutEngine
+
+    results: dict[str, Any] = {
+        "benchmark": "latency_hiding",
+        "latency_s": args.latency,
+        "turns": TURNS,
+        "machine": f"{os.cpu_count()} cores",
+        "runs": [],
+    }
+    start_ray()
+    try:
+        with stub_policy(latency_s=args.latency) as (url, stub_pid):
+            for c in levels:
+                out = tempfile.mkdtemp(prefix=f"latency-{c}-")
+                config = engine_config(url, out, concurrency=c, namespace=f"latency-{c}")
+                n = max(c, int(args.waves * c))
+                with RolloutEngine(config) as engine:
+                    engine.start()
+                    engine.collect(weather_tasks(min(c, 200), prefix="warm"))
+                    measured = timed_collect(engine, weather_tasks(n), stub_pid)
+                ideal = c / (TURNS * args.latency)
+                results["runs"].append(
+                    {
+                        "concurrency": c,
+                        "episodes": n,
+                        **measured,
+                        "ideal_episodes_per_s": ideal,
+                        "efficiency": measured["episodes_per_s"] / ideal,
+                    }
+                )
+    finally:
+        stop_ray()
+    emit(results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""Engine overhead: rayrollout against a bare asyncio + aiohttp loop making the same calls.
+
+Both drive the same zero-latency OpenAI-protocol stub (its own process) through single-tool
+weather episodes (model call -> get_weather -> model call -> verifier). The bare loop runs
+everything in one process with no Ray, no validation and no output; the engine runs its
+agents, environments and writer (Parquet). Reported: episodes/s of each, their ratio, and CPU
+milliseconds per episode summed over every process of the run (the stub included in both).
+
+    python benchmarks/overhead.py                 # full run (about 2 minutes)
+    python benchmarks/overhead.py --smoke         # seconds; CI checks it still works
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from common import emit, stub_policy, tree_cpu_seconds  # noqa: E402
+
+PROMPT = "What's the weather like in City {i}?"
+
+
+async def bare_loop(base_url: str, episodes: int, concurrency: int) -> None:
+    """The floor: the same HTTP calls and tool/verifier work, nothing else."""
+    import aiohttp
+
+    from environments.weather.env import WeatherEnv
+    from rayrollout.environment import Episode
+    from rayrollout.schema import FunctionCall, Message, Task, ToolCall
+
+    tools = WeatherEnv.tool_schemas()
+    semaphore = asyncio.Semaphore(concurrency)
+    url = f"{base_url}/chat/completions"
+
+    async def episode(session: aiohttp.ClientSession, i: int) -> float:
+        async with semaphore:
+            messages: list[dict[str, Any]] = [{"role": "user", "content": PROMPT.format(i=i)}]
+            task = Task(
+                task_id=str(i),
+                environment="weather",
+                prompt=[Message(role="user", content=messages[0]["content"])],
+            )
+            env = WeatherEnv(task)
+            for _ in range(3):
+                async with session.post(
+                    url, json={"model": "stub", "messages": messages, "tools": tools}
+                ) as response:
+                    body = await response.json()
+                message = body["choices"][0]["message"]
+                messages.append(message)
+                if not message.get("tool_calls"):
+                    break
+                for call in message["tool_calls"]:
+                    result = await env.call_tool(
+                        call["function"]["name"], call["function"]["arguments"]
+                    )
+                    messages.append(
+                        {"role": "tool", "tool_call_id": call["id"], "content": result.content}
+                    )
+            calls = [
+                ToolCall(id=c["id"], function=FunctionCall(**c["function"]))
+                for m in messages
+                for c in m.get("tool_calls") or []
+            ]
+            verdict = await env.verify(
+                Episode(
+                    task=task,
+                    messages=[
+                        Message(role="user", content=messages[0]["content"]),
+                        Message(role="assistant", tool_calls=calls or None),
+                        Message(role="assistant", content=messages[-1].get("content")),
+                    ],
+                )
+            )
+            return verdict.reward
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        rewards = await asyncio.gather(*(episode(session, i) for i in range(episodes)))
+    assert sum(rewards) == episodes, "bare loop episodes failed"
+
+
+def run_bare(base_url: str, stub_pid: int, episodes: int, concurrency: int) -> dict[str, float]:
+    asyncio.run(bare_loop(base_url, min(200, episodes), concurrency))  # warm-up, not timed
+    cpu0 = time.process_time() + tree_cpu_seconds(stub_pid)
+    start = time.perf_counter()
+    asyncio.run(bare_loop(base_url, episodes, concurrency))
+    wall = time.perf_counter() - start
+    cpu = time.process_time() + tree_cpu_seconds(stub_pid) - cpu0
+    return {
+        "episodes_per_s": episodes / wall,
+        "cpu_ms_per_episode": 1000 * cpu / episodes,
+        "seconds": wall,
+    }
+
+
+def run_engine(
+    base_url: str, stub_pid: int, episodes: int, concurrency: int, hosting: str, num_agents: int
+) -> dict[str, float]:
+    import pandas as pd
+
+    from rayrollout import RolloutEngine
+
+    out = tempfile.mkdtemp(prefix=f"overhead-{hosting}-")
+    config = {
+        "namespace": f"overhead-{hosting}",
+        "policy": {"kind": "openai", "base_url": base_url, "model": "stub", "max_retries": 0},
+        "environments": {"weather": {"hosting": hosting, "replicas": 1}},
+        "agents": {"num_agents": num_agents},
+        "concurrency": concurrency,
+        "output": {"dir": out, "rows_per_part": 5000},
+        "ray": {"num_cpus": 4},
+    }
+    tasks = [
+        {"task_id": f"w{i}", "prompt": PROMPT.format(i=i), "environment": "weather"}
+        for i in range(episodes)
+    ]
+    warm_up = [{**t, "task_id": f"warm-{t['task_id']}"} for t in tasks[: min(200, episodes)]]
+    with RolloutEngine(config) as engine:
+        engine.start()
+        engine.collect(warm_up)  # worker processes, connections, the Serve app: not timed
+        root = os.getpid()
+        cpu0 = tree_cpu_seconds(root) + tree_cpu_seconds(stub_pid)
+        start = time.perf_counter()
+        result = engine.collect(tasks)
+        wall = time.perf_counter() - start
+        cpu = tree_cpu_seconds(root) + tree_cpu_seconds(stub_pid) - cpu0
+    frame = pd.read_parquet([str(p) for p in result.parts], columns=["task_id", "status"])
+    assert len(frame) == episodes and (frame["status"] == "ok").all(), frame[
+        "status"
+    ].value_counts()
+    return {
+        "episodes_per_s": episodes / wall,
+        "cpu_ms_per_episode": 1000 * cpu / episodes,
+        "seconds": wall,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--episodes", type=int, default=3000)
+    parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--agents", type=int, default=2)
+    parser.add_argument("--modes", default="inline,serve", help="environment hosting modes to run")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny run to check the benchmark works"
+    )
+    args = parser.parse_args()
+    if args.smoke:
+        args.episodes, args.concurrency = 100, 32
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    results: dict[str, Any] = {
+        "benchmark": "overhead",
+        "episodes": args.episodes,
+        "concurrency": args.concurrency,
+        "agents": args.agents,
+        "machine": f"{os.cpu_count()} cores",
+    }
+    try:
+        with stub_policy() as (url, stub_pid):
+            results["bare_loop"] = run_bare(url, stub_pid, args.episodes, args.concurrency)
+            for mode in args.modes.split(","):
+                engine = run_engine(
+                    url, stub_pid, args.episodes, args.concurrency, mode, args.agents
+                )
+                engine["ratio_to_bare"] = (
+                    engine["episodes_per_s"] / results["bare_loop"]["episodes_per_s"]
+                )
+                results[f"engine_{mode}"] = engine
+    finally:
+        from ray import serve
+
+        serve.shutdown()
+        ray.shutdown()
+    emit(results)
+
+
+if __name__ == "__main__":
+    main()

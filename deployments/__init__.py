@@ -1,0 +1,1 @@
+"""Ray Serve applications for the policy: the scripted policy (and, later, vLLM)."""

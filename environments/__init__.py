@@ -1,0 +1,1 @@
+"""rayrollout's own environments: one folder each (tools, verifier, example tasks, tests)."""

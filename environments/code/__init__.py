@@ -1,0 +1,1 @@
+"""Code: write a Python function; a sandboxed subprocess runs it and its tests."""

@@ -1,0 +1,1 @@
+"""reasoning-gym: procedurally generated reasoning tasks, scored by the package itself."""

@@ -1,0 +1,330 @@
+"""Run configuration: one pydantic model that YAML files, CLI flags and Python all fill.
+
+Every field has a description, and unknown keys are errors (``extra="forbid"``), so a typo in
+a YAML file fails loudly instead of being ignored. ``load_config`` merges a YAML file with
+CLI overrides and validates once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = [
+    "AgentConfig",
+    "ConfigError",
+    "EnvironmentAutoscaling",
+    "EnvironmentConfig",
+    "OutputConfig",
+    "PlacementConfig",
+    "PolicyConfig",
+    "RayConfig",
+    "RunConfig",
+    "ScriptedPolicyConfig",
+    "load_config",
+]
+
+
+class ConfigError(ValueError):
+    """A config file or flag that does not validate, with the offending key."""
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ScriptedPolicyConfig(_Config):
+    """Settings of the built-in scripted policy (a stand-in for a model in tests and demos)."""
+
+    replicas: int = Field(default=1, ge=1, description="Serve replicas of the scripted policy.")
+    latency_s: float = Field(
+        default=0.0, ge=0.0, description="Think time added to every call (latency benchmarks)."
+    )
+
+
+class PolicyConfig(_Config):
+    """Which policy answers, over which API, with which sampling and retry settings."""
+
+    kind: Literal["scripted", "openai", "vllm"] = Field(
+        default="scripted",
+        description="'scripted': the built-in test policy on Ray Serve; 'openai': any "
+        "OpenAI-compatible endpoint at base_url; 'vllm': vLLM on Ray Serve LLM, deployed "
+        "from the YAML file vllm_config names.",
+    )
+    vllm_config: str | None = Field(
+        default=None,
+        description="Kind 'vllm': path of the deployment YAML (deployments/vllm/cpu.yaml).",
+    )
+    tokenizer: str | None = Field(
+        default=None,
+        description="prompt_mode 'token_ids': path or Hugging Face id of the tokenizer whose "
+        "chat template renders new messages (default: model; kind 'vllm' sets it).",
+    )
+    prompt_mode: Literal["messages", "token_ids"] = Field(
+        default="messages",
+        description="'messages': the server renders each prompt from the chat messages; "
+        "'token_ids': the client keeps every turn's ids and sends prompt ids to "
+        "/v1/completions, so each prompt extends the last exactly (vLLM).",
+    )
+    base_url: str | None = Field(
+        default=None, description="Endpoint for kind 'openai', e.g. http://host:8000/v1."
+    )
+    model: str = Field(default="scripted", description="Model name sent with every request.")
+    api: Literal["chat", "responses"] = Field(
+        default="chat", description="Chat Completions or the Responses API."
+    )
+    api_key_env: str = Field(
+        default="OPENAI_API_KEY",
+        description="Environment variable holding the API key (never logged).",
+    )
+    timeout_s: float = Field(default=60.0, gt=0, description="Timeout of one policy call attempt.")
+    max_retries: int = Field(
+        default=3,
+        ge=0,
+        description="Retries with backoff on 429, 5xx, timeouts and connection errors.",
+    )
+    temperature: float | None = Field(
+        default=None, ge=0, description="Default sampling temperature."
+    )
+    top_p: float | None = Field(
+        default=None, gt=0, le=1, description="Default nucleus sampling mass."
+    )
+    max_tokens: int | None = Field(default=None, gt=0, description="Default tokens per model call.")
+    tool_choice: Literal["auto", "required", "none"] = Field(
+        default="auto",
+        description="'required' forces a tool call on every turn but the last "
+        "(structured outputs on vLLM); the last turn uses last_turn_tool_choice.",
+    )
+    last_turn_tool_choice: Literal["auto", "none"] = Field(
+        default="none",
+        description="Tool choice of an episode's last allowed turn when tool_choice is "
+        "'required', so the model answers and the episode ends with a verdict.",
+    )
+    return_token_ids: bool = Field(
+        default=False, description="Ask for token ids and logprobs (vLLM's return_token_ids)."
+    )
+    extra_body: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Escape hatch: extra request fields passed as is (e.g. vLLM sampling params).",
+    )
+    scripted: ScriptedPolicyConfig = Field(default_factory=ScriptedPolicyConfig)
+
+
+class EnvironmentAutoscaling(_Config):
+    """Bounds of an environment's replica count, scaled by Serve with the requests in flight."""
+
+    min_replicas: int = Field(default=1, ge=0, description="Replicas at least.")
+    max_replicas: int = Field(default=4, ge=1, description="Replicas at most.")
+    target_ongoing_requests: float = Field(
+        default=8.0, gt=0, description="Requests in flight per replica that Serve aims for."
+    )
+    upscale_delay_s: float = Field(
+        default=2.0, ge=0, description="Load must stay high this long before scaling up."
+    )
+    downscale_delay_s: float = Field(
+        default=30.0, ge=0, description="Load must stay low this long before scaling down."
+    )
+    max_ongoing_requests: int = Field(
+        default=64,
+        ge=1,
+        description="Requests one replica takes at once; further calls wait in the caller "
+        "(backpressure), they do not fail.",
+    )
+
+    @model_validator(mode="after")
+    def _bounds_in_order(self) -> EnvironmentAutoscaling:
+        if self.max_replicas < max(1, self.min_replicas):
+            raise ValueError(
+                f"max_replicas ({self.max_replicas}) must be at least min_replicas "
+                f"({self.min_replicas}) and 1"
+            )
+        return self
+
+    def serve_config(self) -> dict[str, Any]:
+        """As Serve's ``autoscaling_config``."""
+        return {
+            "min_replicas": self.min_replicas,
+            "max_replicas": self.max_replicas,
+            "target_ongoing_requests": self.target_ongoing_requests,
+            "upscale_delay_s": self.upscale_delay_s,
+            "downscale_delay_s": self.downscale_delay_s,
+            "metrics_interval_s": 0.5,
+            "look_back_period_s": 2.0,
+        }
+
+
+class EnvironmentConfig(_Config):
+    """Per-environment settings: where it is hosted and on how many replicas."""
+
+    path: str | None = Field(
+        default=None, description="'module:Class' of an environment that is not registered."
+    )
+    hosting: Literal["inline", "serve"] | None = Field(
+        default=None, description="Override the environment's default hosting mode."
+    )
+    replicas: int = Field(default=1, ge=1, description="Serve replicas (hosting 'serve').")
+    num_cpus: float = Field(default=0.1, gt=0, description="CPUs reserved per Serve replica.")
+    autoscaling: EnvironmentAutoscaling | None = Field(
+        default=None,
+        description="Scale replicas with episodes in flight (Serve autoscaling_config); "
+        "replaces 'replicas' when set.",
+    )
+    url: str | None = Field(
+        default=None,
+        description="Base URL of a running NeMo Gym resources server to use as this "
+        "environment (POST /seed_session, /<tool>, /verify, /close_session); tools come from "
+        "the task rows. Excludes 'path' and 'hosting'.",
+    )
+    timeout_s: float = Field(
+        default=60.0, gt=0, description="Timeout of one HTTP call to 'url' (one attempt)."
+    )
+    max_retries: int = Field(
+        default=3,
+        ge=0,
+        description="Retries with backoff of a call to 'url' on connection errors, timeouts, "
+        "429 and 5xx.",
+    )
+
+    @model_validator(mode="after")
+    def _url_excludes_local_hosting(self) -> EnvironmentConfig:
+        if self.url is not None:
+            if not self.url.startswith(("http://", "https://")):
+                raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
+            if self.path is not None or self.hosting is not None:
+                raise ValueError(
+                    "an environment with 'url' runs on that server: drop 'path' and 'hosting'"
+                )
+        return self
+
+
+class AgentConfig(_Config):
+    """The agent pool and the limits of one episode."""
+
+    num_agents: int = Field(default=2, ge=1, description="Agent actors, named agent:<i>.")
+    num_cpus: float = Field(default=0.1, gt=0, description="CPUs reserved per agent actor.")
+    max_turns: int = Field(default=8, ge=1, description="Model calls per episode at most.")
+    tool_timeout_s: float = Field(default=30.0, gt=0, description="Timeout of one tool call.")
+    verify_timeout_s: float = Field(default=60.0, gt=0, description="Timeout of the verifier.")
+
+
+class OutputConfig(_Config):
+    """Where trajectories go and how they are cut into part files."""
+
+    dir: str = Field(default="rollouts", description="Output folder of part files.")
+    format: Literal["parquet", "jsonl"] = Field(default="parquet", description="Part file format.")
+    rows_per_part: int = Field(default=1000, ge=1, description="Rows per part file at most.")
+    flush_interval_s: float = Field(
+        default=10.0, gt=0, description="Write a part at least this often while rows are waiting."
+    )
+
+
+class PlacementConfig(_Config):
+    """Which nodes run what: node roles are Ray custom resources the cluster's nodes declare.
+
+    A GPU node started with ``ray start --resources '{"gpu_node": 1}'`` takes the policy's
+    replicas when ``gpu_resource: gpu_node``; nodes with ``cpu_resource`` take the agents and
+    the environment replicas. Unset (the default), nothing is constrained: one node works.
+    """
+
+    gpu_resource: str | None = Field(
+        default=None,
+        description="Custom resource marking GPU nodes; policy replicas require a sliver of it.",
+    )
+    cpu_resource: str | None = Field(
+        default=None,
+        description="Custom resource marking CPU nodes; agents, environment replicas and the "
+        "engine require a sliver of it.",
+    )
+    amount: float = Field(
+        default=0.001,
+        gt=0,
+        le=1,
+        description="Amount of the role resource each actor requires (small: a role, not a quota).",
+    )
+    spread_agents: bool = Field(
+        default=True, description="Spread agent actors across nodes (Ray's SPREAD strategy)."
+    )
+
+
+class RayConfig(_Config):
+    """Which Ray cluster to use and where Serve listens."""
+
+    address: str | None = Field(
+        default=None,
+        description="Ray cluster to join ('auto', ray://...); None starts a local one unless "
+        "RAY_ADDRESS is set.",
+    )
+    num_cpus: int | None = Field(default=None, description="CPUs of a local Ray (default: all).")
+    serve_host: str = Field(default="127.0.0.1", description="Serve HTTP bind address.")
+    serve_port: int = Field(default=8000, description="Serve HTTP port.")
+    serve_proxy_location: Literal["EveryNode", "HeadOnly"] = Field(
+        default="EveryNode",
+        description="Where Serve runs HTTP proxies: 'EveryNode' lets agents on any node reach "
+        "the policy at 127.0.0.1; 'HeadOnly' when several Ray nodes share one host (tests).",
+    )
+
+
+class RunConfig(_Config):
+    """Everything one run needs; the YAML file, the CLI flags and Python all fill this."""
+
+    namespace: str = Field(
+        default="rayrollout", description="Ray namespace scoping the run's actors and apps."
+    )
+    tasks: str | None = Field(default=None, description="Tasks file (JSONL or Parquet).")
+    environment: str | None = Field(
+        default=None, description="Environment for task rows that name none."
+    )
+    num_repeats: int = Field(default=1, ge=1, description="Samples per task.")
+    concurrency: int = Field(default=256, ge=1, description="Episodes in flight at most.")
+    limit: int | None = Field(default=None, ge=1, description="Read at most this many tasks.")
+    resume: bool = Field(
+        default=False, description="Skip (task_id, sample_index) pairs already written."
+    )
+    skip_invalid: bool = Field(
+        default=False, description="Run the valid rows and write bad ones to rejects.jsonl."
+    )
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    environments: dict[str, EnvironmentConfig] = Field(
+        default_factory=dict, description="Per-environment settings, by name."
+    )
+    agents: AgentConfig = Field(default_factory=AgentConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
+
+    def environment_config(self, name: str) -> EnvironmentConfig:
+        """Settings of one environment (defaults when the config names it not)."""
+        return self.environments.get(name) or EnvironmentConfig()
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_config(
+    path: str | Path | None = None, overrides: dict[str, Any] | None = None
+) -> RunConfig:
+    """Read a YAML config (optional), apply overrides (CLI flags), validate once."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read config {path}: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"config {path} must be a YAML mapping at the top level")
+    data = _merge(data, overrides or {})
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"invalid config{f' {path}' if path else ''}: {problems}") from None

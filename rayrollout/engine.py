@@ -1,0 +1,240 @@
+"""The engine actor: owns the agent pool, the environment registry of what is up, and the writer.
+
+Named ``engine`` in the run's namespace, so drivers and training loops find it with
+``ray.get_actor("engine", namespace=NS)``. Work arrives through ``submit`` (which waits while
+the queue is full: backpressure, not timeouts); dispatch workers take chunks off the queue,
+send each to an agent in one Ray call, and pass the finished rows to the writer. A chunk's
+rows reach the writer only when the whole chunk is back, so a retried chunk never
+duplicates a row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from typing import Any
+
+import ray
+from ray import serve
+from ray.exceptions import ActorDiedError, ActorUnavailableError
+
+from rayrollout.agent import AgentActor, agent_name, resolve_hosting
+from rayrollout.config import RunConfig
+from rayrollout.episode import EpisodeSpec, failed_trajectory
+from rayrollout.hosting import (
+    environment_app,
+    environment_app_name,
+    environment_deployment_options,
+    environment_route,
+)
+from rayrollout.metrics import RunMetrics
+from rayrollout.placement import agent_actor_options
+from rayrollout.registry import load_environment
+from rayrollout.stats import RunStats
+from rayrollout.writer import PartWriter, make_sink
+
+__all__ = ["ENGINE_NAME", "EngineActor"]
+
+ENGINE_NAME = "engine"
+_AGENT_CALL_ATTEMPTS = 3
+logger = logging.getLogger(__name__)
+
+
+def chunk_size(concurrency: int, num_agents: int) -> int:
+    """Episodes per agent call: enough to amortize the call, few enough to keep agents busy."""
+    return max(1, min(16, concurrency // (num_agents * 4)))
+
+
+@ray.remote(num_cpus=0, max_concurrency=10_000)
+class EngineActor:
+    """Runs episodes on the agent pool and streams their rows to the output folder."""
+
+    def __init__(
+        self, config: RunConfig, policy_url: str, run_id: str, detached: bool = False
+    ) -> None:
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)
+        self.config = config
+        self.policy_url = policy_url
+        self.detached = detached  # started by `rayrollout up`: drivers attach, never kill it
+        self.agents = [
+            AgentActor.options(
+                name=agent_name(i),
+                namespace=config.namespace,
+                max_concurrency=100_000,
+                **agent_actor_options(config, {"num_cpus": config.agents.num_cpus}),
+            ).remote(agent_name(i), config, policy_url)
+            for i in range(config.agents.num_agents)
+        ]
+        out = config.output
+        self.sink = make_sink(out.dir, out.format, run_id)
+        self.writer = PartWriter(self.sink, out.rows_per_part, out.flush_interval_s)
+        self.stats = RunStats()
+        self.metrics = RunMetrics(config.namespace)
+        self.chunk = chunk_size(config.concurrency, config.agents.num_agents)
+        self.queue: asyncio.Queue[EpisodeSpec] = asyncio.Queue(maxsize=2 * config.concurrency)
+        self.ready_envs: set[str] = set()
+        self.env_lock = asyncio.Lock()
+        self.write_lock = asyncio.Lock()
+        self.workers: list[asyncio.Task[None]] = []
+        self.flusher: asyncio.Task[None] | None = None
+        self.failure: BaseException | None = None
+        self.submitted = 0
+        self.completed = 0
+        self.all_done = asyncio.Event()
+        self.all_done.set()
+        self.batch_first_part = 0
+
+    async def start(self) -> list[str]:
+        """Wait for the agents and open the output; returns the agents' names."""
+        names = await asyncio.gather(*(agent.ready.remote() for agent in self.agents))
+        await asyncio.to_thread(self.sink.start)
+        n_workers = math.ceil(self.config.concurrency / self.chunk)
+        self.workers = [
+            asyncio.create_task(self._dispatch(self.agents[i % len(self.agents)]))
+            for i in range(n_workers)
+        ]
+        self.flusher = asyncio.create_task(self._flush_periodically())
+        return list(names)
+
+    def info(self) -> dict[str, Any]:
+        """Who this engine is: drivers attach to a detached one (started by ``up``)."""
+        return {
+            "detached": self.detached,
+            "policy_url": self.policy_url,
+            "output_dir": self.config.output.dir,
+            "output_format": self.config.output.format,
+            "num_agents": len(self.agents),
+        }
+
+    async def ensure_environments(self, names: list[str]) -> None:
+        """Deploy these environments now (``rayrollout up``) rather than at their first task."""
+        for name in names:
+            await self._ensure_environment(name)
+
+    def begin(self) -> None:
+        """Start a new batch of work (a ``collect``): fresh figures, parts counted from here."""
+        self.stats = RunStats()
+        self.batch_first_part = len(self.writer.paths)
+
+    async def submit(self, specs: list[EpisodeSpec]) -> None:
+        """Queue episodes; waits while the queue is full."""
+        if self.failure is not None:
+            raise self.failure
+        for env in {s.task.environment for s in specs} - self.ready_envs:
+            await self._ensure_environment(env)
+        self.submitted += len(specs)
+        self.metrics.on_submit([s.task.environment for s in specs])
+        self.all_done.clear()
+        for spec in specs:
+            await self.queue.put(spec)
+
+    async def finish(self) -> dict[str, Any]:
+        """Wait for every episode submitted so far, write what is buffered, return the figures.
+
+        The engine stays up for the next batch; ``close`` releases the output folder.
+        """
+        await self.all_done.wait()
+        await self._write([], drain=True)
+        if self.failure is not None:
+            raise self.failure
+        snapshot = self.progress()
+        snapshot["parts"] = [str(p) for p in self.writer.paths[self.batch_first_part :]]
+        return snapshot
+
+    async def close(self) -> None:
+        """Stop the dispatchers and complete the output (releases the folder's lock)."""
+        for task in [*self.workers, *([self.flusher] if self.flusher else [])]:
+            task.cancel()
+        if self.failure is not None:
+            self.sink.failed(self.failure)
+        else:
+            self.sink.complete()
+
+    async def flush(self) -> int:
+        """Write every buffered row now (an interrupted driver calls this); returns rows written."""
+        await self._write([], drain=True)
+        return self.writer.rows_written
+
+    def progress(self) -> dict[str, Any]:
+        snapshot = self.stats.snapshot()
+        snapshot["rows_written"] = self.writer.rows_written
+        snapshot["queued"] = self.queue.qsize()
+        return snapshot
+
+    async def _ensure_environment(self, name: str) -> None:
+        """Deploy a Serve-hosted environment the first time a task needs it."""
+        async with self.env_lock:
+            if name in self.ready_envs:
+                return
+            try:
+                env_cls = load_environment(self.config.environment_config(name).path or name)
+            except LookupError:
+                self.ready_envs.add(name)  # its episodes end as errors naming the problem
+                return
+            if resolve_hosting(self.config, env_cls) == "serve":
+                settings = self.config.environment_config(name)
+                app = environment_app(
+                    f"{env_cls.__module__}:{env_cls.__qualname__}",
+                    num_replicas=settings.replicas,
+                    num_cpus=settings.num_cpus,
+                    options=environment_deployment_options(self.config, name),
+                )
+                app_name = environment_app_name(self.config.namespace, name)
+                # The route serves NeMo Gym's HTTP protocol (see nemo_gym_routes.py).
+                route = environment_route(self.config.namespace, name)
+                await asyncio.to_thread(serve.run, app, name=app_name, route_prefix=route)
+            self.ready_envs.add(name)
+
+    async def _dispatch(self, agent: Any) -> None:
+        while True:
+            chunk = [await self.queue.get()]
+            while len(chunk) < self.chunk and not self.queue.empty():
+                chunk.append(self.queue.get_nowait())
+            self.stats.in_flight += len(chunk)
+            try:
+                rows = await self._run_chunk(agent, chunk)
+            finally:
+                self.stats.in_flight -= len(chunk)
+            self.stats.add(rows)
+            self.metrics.on_rows(rows, self.stats.in_flight, self.writer.buffered_rows)
+            try:
+                await self._write(rows)
+            except Exception:
+                pass  # self.failure holds it; finish() raises it to the driver
+            finally:
+                self.completed += len(chunk)
+                if self.completed == self.submitted:
+                    self.all_done.set()
+
+    async def _run_chunk(self, agent: Any, chunk: list[EpisodeSpec]) -> list[dict[str, Any]]:
+        """One agent call; a dead or restarting agent gets the chunk again, then errors."""
+        error = ""
+        for attempt in range(_AGENT_CALL_ATTEMPTS):
+            try:
+                return await agent.run.remote(chunk)
+            except (ActorDiedError, ActorUnavailableError) as exc:
+                error = f"agent actor unavailable after {attempt + 1} attempts: {exc}"
+                await asyncio.sleep(0.5 * 2**attempt)
+            except Exception as exc:
+                error = f"agent failed: {type(exc).__name__}: {exc}"
+                break
+        return [failed_trajectory(spec, "", error).to_row() for spec in chunk]
+
+    async def _write(self, rows: list[dict[str, Any]], drain: bool = False) -> None:
+        async with self.write_lock:
+            due = self.writer.add(rows) + (self.writer.drain() if drain else [])
+            for table in due:
+                try:
+                    await asyncio.to_thread(self.writer.write, table)
+                except Exception as exc:
+                    self.failure = exc
+                    raise
+
+    async def _flush_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self.config.output.flush_interval_s))
+            try:
+                await self._write([])
+            except Exception:
+                return  # self.failure holds it; finish() raises it to the driver

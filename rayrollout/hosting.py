@@ -1,0 +1,226 @@
+"""Where an environment runs: inline in the agent, or on Ray Serve replicas.
+
+Both modes give the agent the same ``EnvSession`` (setup, call_tool, verify, close), so an
+environment behaves the same wherever the config puts it. (``nemo_gym.RemoteSession`` is the
+third kind: an environment on a NeMo Gym resources server.)
+
+The Serve app also answers NeMo Gym's resources-server protocol over HTTP (``POST
+/seed_session``, ``/<tool>``, ``/verify``, ``/close_session``), so a NeMo Gym agent or any
+HTTP client can use a rayrollout environment. An HTTP episode is keyed by a session cookie
+(or an ``x-session-id`` header); the replica that takes the request forwards it through a
+handle with that key as ``session_id``, so with several replicas every call of one HTTP
+episode still reaches the replica holding its state.
+
+Hops matter (a Serve handle call costs about 1 ms of caller CPU here): a stateless
+environment on Serve costs one call per tool call plus one for verify, with the task sent
+along; a stateful one adds ``open``/``close`` and pins every call of the episode to one
+replica through Serve's consistent-hash router keyed by the episode id.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from ray import serve
+from ray.exceptions import RayActorError
+from ray.serve.config import RequestRouterConfig
+from ray.serve.handle import DeploymentHandle
+
+from rayrollout.config import RunConfig
+from rayrollout.environment import Environment, Episode, ToolResult, Verification
+from rayrollout.nemo_gym_routes import NemoGymRoutes, http_app
+from rayrollout.placement import cpu_actor_options
+from rayrollout.registry import load_environment
+from rayrollout.schema import Task
+
+__all__ = [
+    "EnvSession",
+    "EnvironmentLost",
+    "EnvironmentServer",
+    "InlineSession",
+    "ServeSession",
+    "environment_app",
+    "environment_app_name",
+    "environment_deployment_options",
+    "environment_route",
+]
+
+_ROUTER = "ray.serve.experimental.consistent_hash_router:ConsistentHashRouter"
+
+
+class SessionNotOpen(LookupError):
+    """A replica holds no state for the episode: it was closed, or the replica restarted."""
+
+
+class EnvironmentLost(RuntimeError):
+    """The episode's replica died or restarted mid-episode; its state is gone (retry it)."""
+
+
+class EnvSession(Protocol):
+    """One episode's connection to its environment."""
+
+    async def setup(self) -> None: ...
+    async def call_tool(self, name: str, arguments: str) -> ToolResult: ...
+    async def verify(self, episode: Episode) -> Verification: ...
+    async def close(self) -> None: ...
+
+
+class InlineSession:
+    """The environment instance lives in the agent's process: plain method calls."""
+
+    def __init__(self, env_cls: type[Environment], task: Task) -> None:
+        self.env = env_cls(task)
+
+    async def setup(self) -> None:
+        await self.env.setup()
+
+    async def call_tool(self, name: str, arguments: str) -> ToolResult:
+        return await self.env.call_tool(name, arguments)
+
+    async def verify(self, episode: Episode) -> Verification:
+        return await self.env.verify(episode)
+
+    async def close(self) -> None:
+        await self.env.close()
+
+
+class ServeSession:
+    """The environment instance lives on a Serve replica, reached by a deployment handle."""
+
+    def __init__(
+        self, handle: DeploymentHandle, stateful: bool, episode_id: str, task: Task
+    ) -> None:
+        self.stateful = stateful
+        self.episode_id = episode_id
+        self.task = task
+        self.handle = handle.options(session_id=episode_id) if stateful else handle
+        self.lost = False  # the replica died or restarted mid-episode: the agent re-runs it
+
+    def _lost(self, during: str, exc: BaseException) -> EnvironmentLost:
+        self.lost = True
+        return EnvironmentLost(
+            f"environment replica lost during {during} (it died or restarted, so the "
+            f"episode's state is gone): {type(exc).__name__}: {str(exc)[:300]}"
+        )
+
+    async def setup(self) -> None:
+        if self.stateful:
+            try:
+                await self.handle.open.remote(self.episode_id, self.task)
+            except RayActorError as exc:
+                raise self._lost("setup", exc) from exc
+
+    async def call_tool(self, name: str, arguments: str) -> ToolResult:
+        try:
+            if self.stateful:
+                return await self.handle.call_tool.remote(self.episode_id, None, name, arguments)
+            return await self.handle.call_tool.remote(None, self.task, name, arguments)
+        except (RayActorError, SessionNotOpen) as exc:
+            raise self._lost(f"tool '{name}'", exc) from exc
+
+    async def verify(self, episode: Episode) -> Verification:
+        try:
+            return await self.handle.verify.remote(
+                self.episode_id if self.stateful else None, episode
+            )
+        except (RayActorError, SessionNotOpen) as exc:
+            raise self._lost("verify", exc) from exc
+
+    async def close(self) -> None:
+        if self.stateful:
+            await self.handle.close.remote(self.episode_id)
+
+
+@serve.deployment(
+    ray_actor_options={"num_cpus": 0.1},
+    max_ongoing_requests=1000,
+    logging_config={"log_level": "WARNING", "enable_access_log": False},
+    request_router_config=RequestRouterConfig(
+        request_router_class=_ROUTER, request_router_kwargs={"num_fallback_replicas": 0}
+    ),
+)
+@serve.ingress(http_app)
+class EnvironmentServer(NemoGymRoutes):
+    """A Serve replica hosting one environment class; stateful episodes keyed by episode id."""
+
+    def __init__(self, env_path: str) -> None:
+        self.env_cls = load_environment(env_path)
+        self.sessions: dict[str, Environment] = {}
+        self.self_handle: DeploymentHandle | None = None
+
+    async def open(self, episode_id: str, task: Task) -> None:
+        await self.close(episode_id)  # a re-seeded HTTP session starts over
+        env = self.env_cls(task)
+        await env.setup()
+        self.sessions[episode_id] = env
+
+    def _env(self, episode_id: str | None, task: Task | None) -> Environment:
+        if episode_id is None:
+            assert task is not None  # ServeSession always sends the task when stateless
+            return self.env_cls(task)
+        try:
+            return self.sessions[episode_id]
+        except KeyError:
+            raise SessionNotOpen(
+                f"episode {episode_id} has no open session on this '{self.env_cls.name}' replica "
+                "(the replica restarted, or the call was routed without its session id)"
+            ) from None
+
+    async def call_tool(
+        self, episode_id: str | None, task: Task | None, name: str, arguments: str
+    ) -> ToolResult:
+        return await self._env(episode_id, task).call_tool(name, arguments)
+
+    async def verify(self, episode_id: str | None, episode: Episode) -> Verification:
+        env = self._env(episode_id, episode.task if episode_id is None else None)
+        return await env.verify(episode)
+
+    async def close(self, episode_id: str) -> None:
+        env = self.sessions.pop(episode_id, None)
+        if env is not None:
+            await env.close()
+
+    def open_sessions(self) -> int:
+        """How many episodes hold state on this replica (for tests and status)."""
+        return len(self.sessions)
+
+
+def environment_route(namespace: str, env_name: str) -> str:
+    """HTTP route prefix of an environment's app (NeMo Gym protocol) on Serve's proxy."""
+    return f"/{namespace}/env/{env_name}"
+
+
+def environment_app_name(namespace: str, env_name: str) -> str:
+    """Serve application name of an environment in a run's namespace."""
+    return f"{namespace}.env.{env_name}"
+
+
+def environment_deployment_options(config: RunConfig, env_name: str) -> dict[str, Any]:
+    """Serve options of an environment's deployment from the run's config: its placement on
+    CPU nodes and, when configured, autoscaling bounds with a per-replica request cap (calls
+    beyond it wait in the caller: backpressure, not errors)."""
+    settings = config.environment_config(env_name)
+    options: dict[str, Any] = {"ray_actor_options": cpu_actor_options(config, {})}
+    if settings.autoscaling is not None:
+        options["autoscaling_config"] = settings.autoscaling.serve_config()
+        options["max_ongoing_requests"] = settings.autoscaling.max_ongoing_requests
+    return options
+
+
+def environment_app(
+    env_path: str,
+    num_replicas: int = 1,
+    num_cpus: float = 0.1,
+    options: dict[str, Any] | None = None,
+) -> serve.Application:
+    """A Serve application hosting the environment at ``env_path`` on ``num_replicas`` replicas."""
+    options = dict(options or {})
+    actor_options = {"num_cpus": num_cpus, **options.pop("ray_actor_options", {})}
+    if "autoscaling_config" in options:
+        options["num_replicas"] = "auto"
+    deployment = EnvironmentServer.options(
+        num_replicas=options.pop("num_replicas", num_replicas),
+        ray_actor_options=actor_options,
+        **options,
+    )
+    return deployment.bind(env_path)

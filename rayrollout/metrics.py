@@ -1,0 +1,130 @@
+"""Live run metrics through ``ray.util.metrics``: they reach Ray's Prometheus endpoint and
+dashboard with no extra service.
+
+Recorded by the engine from the rows agents hand back, so they cost no extra hop. Ray
+exports each name with a ``ray_`` prefix (``ray_rayrollout_episodes_finished_total``).
+
+| name | kind | tags |
+| --- | --- | --- |
+| rayrollout_episodes_submitted | counter | environment |
+| rayrollout_episodes_finished | counter | environment, status |
+| rayrollout_episodes_in_flight | gauge | |
+| rayrollout_reward | histogram | environment |
+| rayrollout_policy_call_seconds | histogram | environment |
+| rayrollout_tool_call_seconds | histogram | environment, tool |
+| rayrollout_verify_seconds | histogram | environment |
+| rayrollout_episode_seconds | histogram | environment |
+| rayrollout_tokens | counter | environment, direction (in, out) |
+| rayrollout_writer_buffered_rows | gauge | |
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from ray.util import metrics
+
+__all__ = ["METRIC_NAMES", "RunMetrics"]
+
+_SECONDS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120]
+_REWARD = [0.0001, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.9999]
+METRIC_NAMES = (
+    "rayrollout_episodes_submitted",
+    "rayrollout_episodes_finished",
+    "rayrollout_episodes_in_flight",
+    "rayrollout_reward",
+    "rayrollout_policy_call_seconds",
+    "rayrollout_tool_call_seconds",
+    "rayrollout_verify_seconds",
+    "rayrollout_episode_seconds",
+    "rayrollout_tokens",
+    "rayrollout_writer_buffered_rows",
+)
+
+
+class RunMetrics:
+    """The run's Ray metrics; one instance lives in the engine actor."""
+
+    def __init__(self, namespace: str) -> None:
+        base = {"namespace": namespace}
+        env, env_status = ("namespace", "environment"), ("namespace", "environment", "status")
+        self.base = base
+        self.submitted = metrics.Counter(
+            "rayrollout_episodes_submitted", "Episodes queued for the agents.", tag_keys=env
+        )
+        self.finished = metrics.Counter(
+            "rayrollout_episodes_finished",
+            "Episodes finished, by final status.",
+            tag_keys=env_status,
+        )
+        self.in_flight = metrics.Gauge(
+            "rayrollout_episodes_in_flight",
+            "Episodes running on agents now.",
+            tag_keys=("namespace",),
+        )
+        self.reward = metrics.Histogram(
+            "rayrollout_reward", "Episode rewards.", boundaries=_REWARD, tag_keys=env
+        )
+        self.policy_seconds = metrics.Histogram(
+            "rayrollout_policy_call_seconds",
+            "Latency of one model call, retries included.",
+            boundaries=_SECONDS,
+            tag_keys=env,
+        )
+        self.tool_seconds = metrics.Histogram(
+            "rayrollout_tool_call_seconds",
+            "Latency of one tool call.",
+            boundaries=_SECONDS,
+            tag_keys=("namespace", "environment", "tool"),
+        )
+        self.verify_seconds = metrics.Histogram(
+            "rayrollout_verify_seconds",
+            "Latency of the verifier.",
+            boundaries=_SECONDS,
+            tag_keys=env,
+        )
+        self.episode_seconds = metrics.Histogram(
+            "rayrollout_episode_seconds",
+            "Wall time of an episode.",
+            boundaries=_SECONDS,
+            tag_keys=env,
+        )
+        self.tokens = metrics.Counter(
+            "rayrollout_tokens",
+            "Tokens in prompts and completions.",
+            tag_keys=("namespace", "environment", "direction"),
+        )
+        self.buffered = metrics.Gauge(
+            "rayrollout_writer_buffered_rows",
+            "Finished rows waiting for the next part file.",
+            tag_keys=("namespace",),
+        )
+
+    def on_submit(self, environments: list[str]) -> None:
+        for environment, n in Counter(environments).items():
+            self.submitted.inc(n, tags={**self.base, "environment": environment})
+
+    def on_rows(self, rows: list[dict[str, Any]], in_flight: int, buffered: int) -> None:
+        """Record a chunk of finished episodes and the engine's current load."""
+        for row in rows:
+            tags = {**self.base, "environment": row["environment"]}
+            m = row["metrics"]
+            self.finished.inc(1, tags={**tags, "status": row["status"]})
+            self.reward.observe(row["reward"], tags=tags)
+            self.episode_seconds.observe(m["seconds_total"], tags=tags)
+            for turn in row["turns"]:
+                self.policy_seconds.observe(turn["seconds"], tags=tags)
+            for event in m["timeline"]:
+                if event["kind"] == "tool":
+                    self.tool_seconds.observe(
+                        event["seconds"], tags={**tags, "tool": event["name"]}
+                    )
+            if m["seconds_verify"]:
+                self.verify_seconds.observe(m["seconds_verify"], tags=tags)
+            if m["tokens_in"]:
+                self.tokens.inc(m["tokens_in"], tags={**tags, "direction": "in"})
+            if m["tokens_out"]:
+                self.tokens.inc(m["tokens_out"], tags={**tags, "direction": "out"})
+        self.in_flight.set(in_flight, tags=self.base)
+        self.buffered.set(buffered, tags=self.base)

@@ -1,0 +1,283 @@
+"""The data model: tasks in, trajectories out, and the one Arrow schema both file formats share.
+
+Every output row, Parquet or JSONL, is ``Trajectory.to_row()``; every reader goes through
+``Trajectory.from_row()``. The Arrow schema is derived from the pydantic models here, so a
+field added to ``Trajectory`` reaches Parquet, JSONL and the readers in one edit, and Parquet
+files of different runs concatenate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import types
+import typing
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = [
+    "EpisodeMetrics",
+    "FunctionCall",
+    "Message",
+    "SamplingParams",
+    "Status",
+    "TimelineEvent",
+    "Task",
+    "ToolCall",
+    "Trajectory",
+    "Turn",
+    "stable_task_id",
+    "trajectory_arrow_schema",
+]
+
+Status = Literal["ok", "error", "timeout", "max_turns", "truncated"]
+
+
+class JsonColumn:
+    """Marks a free-form field stored as one JSON string column (its shape varies by row)."""
+
+
+class ArrowType:
+    """Overrides the Arrow type derived for a field (int32 token ids, float32 logprobs)."""
+
+    def __init__(self, arrow_type: pa.DataType) -> None:
+        self.arrow_type = arrow_type
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FunctionCall(_Model):
+    name: str = Field(description="Tool name the model asked for.")
+    arguments: str = Field(description="Arguments as the JSON text the model produced.")
+
+
+class ToolCall(_Model):
+    id: str = Field(description="Call id that the tool message answers.")
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(_Model):
+    """One chat message in OpenAI Chat Completions form."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = Field(default=None, description="Text; None for pure tool calls.")
+    tool_calls: list[ToolCall] | None = Field(
+        default=None, description="Tool calls of an assistant message."
+    )
+    tool_call_id: str | None = Field(default=None, description="Call answered by a tool message.")
+    name: str | None = Field(default=None, description="Tool name of a tool message.")
+
+    def to_openai(self) -> dict[str, Any]:
+        """The message as the OpenAI client sends it, without empty fields."""
+        return self.model_dump(exclude_none=True)
+
+
+class SamplingParams(_Model):
+    """Per-task sampling overrides; unset fields fall back to the run's policy config."""
+
+    temperature: float | None = Field(default=None, ge=0.0, description="Sampling temperature.")
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    max_tokens: int | None = Field(default=None, gt=0, description="Tokens per model call.")
+    seed: int | None = Field(
+        default=None, description="Sampling seed, where the server honours it."
+    )
+
+
+class Task(_Model):
+    """One prompt plus the environment that scores it; ``tasks.read_tasks`` builds them."""
+
+    task_id: str = Field(description="Stable id; derived from the row's content when not given.")
+    environment: str = Field(description="Registered environment name, e.g. 'weather'.")
+    prompt: list[Message] = Field(min_length=1, description="Opening messages of the episode.")
+    tools: list[dict[str, Any]] | None = Field(
+        default=None,
+        description="Chat Completions function tool schemas overriding the environment's own.",
+    )
+    fields: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Verifier fields (expected answer, test cases) and any other extra columns.",
+    )
+    sampling: SamplingParams | None = Field(default=None, description="Sampling overrides.")
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_has_user_text(cls, prompt: list[Message]) -> list[Message]:
+        if not any(m.role == "user" and (m.content or "").strip() for m in prompt):
+            raise ValueError("the prompt holds no user message with text")
+        return prompt
+
+
+class Turn(_Model):
+    """One model call: what went in, what came out, and how long it took."""
+
+    prompt_token_ids: Annotated[list[int], ArrowType(pa.list_(pa.int32()))] = Field(
+        default_factory=list,
+        description="Token ids of the rendered prompt, where the server gave them.",
+    )
+    completion_token_ids: Annotated[list[int], ArrowType(pa.list_(pa.int32()))] = Field(
+        default_factory=list, description="Token ids the model generated."
+    )
+    logprobs: Annotated[list[float], ArrowType(pa.list_(pa.float32()))] = Field(
+        default_factory=list, description="Logprob of each generated token."
+    )
+    finish_reason: str | None = None
+    prompt_tokens: int = Field(default=0, description="Prompt tokens as the server counted them.")
+    completion_tokens: int = Field(
+        default=0, description="Generated tokens as counted by the server."
+    )
+    token_mismatch_index: int | None = Field(
+        default=None,
+        description="First index where prompt_token_ids does not extend the previous turn's "
+        "prompt + completion ids; None when it does (or no ids were given).",
+    )
+    started_at: float = Field(default=0.0, description="Unix time the call started.")
+    seconds: float = Field(default=0.0, description="Wall time of the call, retries included.")
+
+
+class TimelineEvent(_Model):
+    """One step of an episode, so the episode can be replayed in time order."""
+
+    kind: Literal["model", "tool", "verify"]
+    name: str = Field(default="", description="Tool name for tool steps.")
+    start_s: float = Field(description="Seconds from the episode's start.")
+    seconds: float = Field(description="How long the step took.")
+    ok: bool = Field(default=True, description="False for tool errors and failed steps.")
+
+
+class EpisodeMetrics(_Model):
+    started_at: float = Field(default=0.0, description="Unix time the episode started.")
+    timeline: list[TimelineEvent] = Field(
+        default_factory=list, description="Model calls, tool calls and verify, in order."
+    )
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tools_used: list[str] = Field(default_factory=list)
+    tokens_in: int = 0
+    tokens_out: int = 0
+    seconds_model: float = 0.0
+    seconds_tools: float = 0.0
+    seconds_verify: float = 0.0
+    seconds_total: float = 0.0
+    token_mismatches: int = Field(
+        default=0, description="Turns whose prompt ids did not extend the previous turn's ids."
+    )
+    token_mismatch_turn: int | None = Field(
+        default=None, description="Index of the first such turn (None: no mismatch)."
+    )
+    token_mismatch_index: int | None = Field(
+        default=None, description="First differing token index in that turn's prompt."
+    )
+
+
+class Trajectory(_Model):
+    """One output row: a finished episode, scored or failed."""
+
+    task_id: str
+    sample_index: int = Field(description="Which of the task's samples this is (0-based).")
+    group_id: str = Field(description="Samples of one task share it: a GRPO group.")
+    environment: str
+    agent: str = Field(default="", description="Name of the agent actor that ran the episode.")
+    model: str = Field(default="", description="Policy model name.")
+    policy_version: int = Field(default=0, description="Policy weights version that generated it.")
+    messages: list[Message] = Field(default_factory=list)
+    tools: Annotated[list[dict[str, Any]], JsonColumn] = Field(
+        default_factory=list, description="Tool schemas offered to the model."
+    )
+    turns: list[Turn] = Field(default_factory=list)
+    reward: float = Field(default=0.0, ge=0.0, le=1.0)
+    verification: Annotated[dict[str, Any], JsonColumn] = Field(
+        default_factory=dict, description="The verifier's details."
+    )
+    status: Status = "ok"
+    error: str | None = None
+    metrics: EpisodeMetrics = Field(default_factory=EpisodeMetrics)
+    task_fields: Annotated[dict[str, Any], JsonColumn] = Field(
+        default_factory=dict, description="The task's verifier fields, for exports and debugging."
+    )
+    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+
+    def to_row(self) -> dict[str, Any]:
+        """The row written to Parquet and JSONL: JSON columns as text, the rest as is."""
+        row = self.model_dump(mode="python")
+        for name in _JSON_FIELDS:
+            row[name] = json.dumps(row[name], ensure_ascii=False, default=str)
+        return row
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Trajectory:
+        """Read back a row from Parquet (``to_pylist``) or a parsed JSONL line."""
+        data = dict(row)
+        for name in _JSON_FIELDS:
+            if isinstance(data.get(name), str):
+                data[name] = json.loads(data[name])
+        return cls.model_validate(data)
+
+
+def stable_task_id(row: dict[str, Any]) -> str:
+    """Derive a task id from a row's content, so resumed runs find the same ids again."""
+    text = json.dumps(row, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _arrow_type(annotation: Any) -> pa.DataType:
+    """Map a pydantic field annotation to its Arrow type."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        base, *extras = typing.get_args(annotation)
+        for extra in extras:
+            if isinstance(extra, ArrowType):
+                return extra.arrow_type
+            if extra is JsonColumn:
+                return pa.string()
+        return _arrow_type(base)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) != 1:
+            raise TypeError(f"cannot derive an Arrow type for union {annotation}")
+        return _arrow_type(args[0])
+    if origin is Literal:
+        return pa.string()
+    if origin is list:
+        return pa.list_(_arrow_type(typing.get_args(annotation)[0]))
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return pa.struct(
+            [
+                pa.field(n, _arrow_type(_annotation_with_metadata(annotation, n)))
+                for n in annotation.model_fields
+            ]
+        )
+    simple = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
+    if annotation in simple:
+        return simple[annotation]
+    if annotation is datetime:
+        return pa.timestamp("us", tz="UTC")
+    raise TypeError(f"cannot derive an Arrow type for {annotation!r}")
+
+
+def _annotation_with_metadata(model: type[BaseModel], name: str) -> Any:
+    field = model.model_fields[name]
+    if field.metadata:
+        return Annotated[(field.annotation, *field.metadata)]
+    return field.annotation
+
+
+_JSON_FIELDS = tuple(
+    n for n, f in Trajectory.model_fields.items() if any(m is JsonColumn for m in f.metadata)
+)
+
+
+def trajectory_arrow_schema() -> pa.Schema:
+    """The Arrow schema of output rows, derived from ``Trajectory``."""
+    return pa.schema(
+        [
+            pa.field(name, _arrow_type(_annotation_with_metadata(Trajectory, name)))
+            for name in Trajectory.model_fields
+        ]
+    )

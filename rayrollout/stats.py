@@ -1,0 +1,103 @@
+"""Running figures of a run, per environment: what the progress bar and summary table show.
+
+Kept as counters and a bounded sample of episode times, so memory stays flat however many
+episodes run.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+__all__ = ["EnvStats", "RunStats"]
+
+_SAMPLE_SIZE = 10_000
+
+
+class EnvStats(BaseModel):
+    """Figures of one environment (or of the whole run)."""
+
+    episodes: int = 0
+    reward_sum: float = 0.0
+    statuses: dict[str, int] = Field(default_factory=dict)
+    turns: int = 0
+    tool_calls: int = 0
+    seconds_model: float = Field(default=0.0, description="Summed over episodes.")
+    seconds_tools: float = 0.0
+    seconds_verify: float = 0.0
+    seconds_total: float = 0.0
+    seconds_sample: list[float] = Field(default_factory=list)
+
+    @property
+    def mean_reward(self) -> float:
+        return self.reward_sum / self.episodes if self.episodes else 0.0
+
+    def time_split(self) -> dict[str, float]:
+        """Where an episode's wall time goes, as fractions: model, tools, verify, other
+        (the agent's own work and waiting for its event loop)."""
+        if self.seconds_total <= 0:
+            return {"model": 0.0, "tools": 0.0, "verify": 0.0, "other": 0.0}
+        parts = {
+            "model": self.seconds_model,
+            "tools": self.seconds_tools,
+            "verify": self.seconds_verify,
+        }
+        split = {k: v / self.seconds_total for k, v in parts.items()}
+        split["other"] = max(0.0, 1.0 - sum(split.values()))
+        return split
+
+    @property
+    def errors(self) -> int:
+        return sum(n for status, n in self.statuses.items() if status != "ok")
+
+    def percentile(self, q: float) -> float:
+        """Episode seconds at quantile ``q`` (0-1) of the sampled episodes."""
+        if not self.seconds_sample:
+            return 0.0
+        ordered = sorted(self.seconds_sample)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class RunStats:
+    """Accumulates finished rows into per-environment and total figures."""
+
+    def __init__(self) -> None:
+        self.by_env: dict[str, EnvStats] = {}
+        self.total = EnvStats()
+        self.started = time.monotonic()
+        self.in_flight = 0
+
+    def add(self, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            for stats in (self.total, self.by_env.setdefault(row["environment"], EnvStats())):
+                stats.episodes += 1
+                stats.reward_sum += row["reward"]
+                stats.statuses[row["status"]] = stats.statuses.get(row["status"], 0) + 1
+                metrics = row["metrics"]
+                stats.turns += metrics["turns"]
+                stats.tool_calls += metrics["tool_calls"]
+                stats.seconds_model += metrics["seconds_model"]
+                stats.seconds_tools += metrics["seconds_tools"]
+                stats.seconds_verify += metrics["seconds_verify"]
+                stats.seconds_total += metrics["seconds_total"]
+                seconds = metrics["seconds_total"]
+                if len(stats.seconds_sample) < _SAMPLE_SIZE:
+                    stats.seconds_sample.append(seconds)
+                else:  # reservoir sampling keeps percentiles honest with bounded memory
+                    slot = random.randrange(stats.episodes)
+                    if slot < _SAMPLE_SIZE:
+                        stats.seconds_sample[slot] = seconds
+
+    def snapshot(self) -> dict[str, Any]:
+        """A picklable view for the driver: totals, per environment, rate."""
+        elapsed = time.monotonic() - self.started
+        return {
+            "elapsed_s": elapsed,
+            "in_flight": self.in_flight,
+            "episodes_per_s": self.total.episodes / elapsed if elapsed > 0 else 0.0,
+            "total": self.total.model_dump(),
+            "by_env": {name: s.model_dump() for name, s in sorted(self.by_env.items())},
+        }

@@ -1,0 +1,134 @@
+"""A policy server that fails on purpose: the scripted strategy behind Chat Completions over
+real HTTP, with a share of calls answered by 5xx/429, a hang, or garbage JSON.
+
+It runs an aiohttp server on a thread of the test process, so engines in Ray actors and
+``rayrollout collect`` subprocesses reach it like any external endpoint. A user message may
+carry ``[[always=500]]``, ``[[always=hang]]`` or ``[[always=garbage]]`` to make every call of
+that episode fail that way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+import re
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+from aiohttp import web
+
+from deployments.scripted.strategy import next_action
+
+FAULTS = ("500", "503", "429", "hang", "garbage")
+_ALWAYS = re.compile(r"\[\[always=(\w+)\]\]")
+
+
+class FlakyPolicy:
+    """Chat Completions server failing ``fault_rate`` of calls; counts what it did.
+
+    Example:
+        >>> with FlakyPolicy(fault_rate=0.2, seed=1) as policy:  # doctest: +SKIP
+        ...     policy.base_url  # http://127.0.0.1:PORT/v1
+    """
+
+    def __init__(
+        self, fault_rate: float = 0.2, seed: int = 0, hang_s: float = 3.0, echo_key: bool = False
+    ) -> None:
+        self.fault_rate = fault_rate
+        self.echo_key = echo_key  # error bodies quote the caller's key, as some servers do
+        self.hang_s = hang_s
+        self.random = random.Random(seed)
+        self.faults: Counter[str] = Counter()
+        self.requests = 0
+        self.authorization: set[str] = set()
+        self.base_url = ""
+        self._ids = itertools.count()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+
+    def __enter__(self) -> FlakyPolicy:
+        self._thread.start()
+        port = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+
+    @property
+    def faults_injected(self) -> int:
+        return sum(self.faults.values())
+
+    async def _start(self) -> int:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        return site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    def _fault_for(self, messages: list[dict[str, Any]]) -> str | None:
+        prompt = " ".join(str(m.get("content") or "") for m in messages if m["role"] == "user")
+        always = _ALWAYS.search(prompt)
+        if always:
+            return always.group(1)
+        if self.random.random() < self.fault_rate:
+            return self.random.choice(FAULTS)
+        return None
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        self.requests += 1
+        self.authorization.add(request.headers.get("Authorization", ""))
+        body = await request.json()
+        messages = body.get("messages") or []
+        fault = self._fault_for(messages)
+        if fault is not None:
+            self.faults[fault] += 1
+        if fault == "hang":
+            await asyncio.sleep(self.hang_s)  # past the client's timeout: it gives up first
+        elif fault == "garbage":
+            return web.Response(text='{"choices": [{"mess', content_type="application/json")
+        elif fault is not None:
+            message = f"injected fault {fault}"
+            if self.echo_key:
+                message += f"; key provided: {request.headers.get('Authorization', '')}"
+            return web.json_response(
+                {"error": {"message": message, "type": "server_error"}},
+                status=int(fault),
+                headers={"retry-after-ms": "20"},
+            )
+        action = next_action(messages, body.get("tools") or [])
+        n = next(self._ids)
+        message: dict[str, Any] = {"role": "assistant", "content": action.text}
+        if action.tool:
+            message["tool_calls"] = [
+                {
+                    "id": f"call_{n}",
+                    "type": "function",
+                    "function": {"name": action.tool, "arguments": action.arguments},
+                }
+            ]
+        answer = {
+            "id": f"chatcmpl-{n}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", "flaky"),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": "tool_calls" if action.tool else "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
+        return web.Response(text=json.dumps(answer), content_type="application/json")

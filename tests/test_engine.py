@@ -1,0 +1,160 @@
+"""The engine end to end on a local Ray: scripted policy over real HTTP, real Serve replicas."""
+
+import pytest
+import ray
+
+from rayrollout import RolloutEngine, RunConfig
+
+TEST_ENVS = {
+    "echo": {"path": "fixture_envs:EchoEnv"},
+    "faulty": {"path": "fixture_envs:FaultyEnv"},
+    "counter": {"path": "fixture_envs:CounterEnv", "replicas": 2},
+}
+
+
+def config(tmp_path, port, **overrides) -> RunConfig:
+    data = {
+        "namespace": "engine-tests",
+        "environments": TEST_ENVS,
+        "output": {"dir": str(tmp_path / "out"), "rows_per_part": 7},
+        "ray": {"serve_port": port},
+        "concurrency": 16,
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict):
+            data[key] = {**data.get(key, {}), **value}
+        else:
+            data[key] = value
+    return RunConfig.model_validate(data)
+
+
+def echo_tasks(n, prefix="say"):
+    return [
+        {"task_id": f"{prefix}-{i}", "prompt": f"{prefix} {i}", "environment": "echo"}
+        for i in range(n)
+    ]
+
+
+def test_failing_tool_and_timed_out_policy_end_as_trajectories_and_spare_the_rest(
+    tmp_path, serve_session
+):
+    cfg = config(tmp_path, serve_session, policy={"timeout_s": 1.0, "max_retries": 0})
+    tasks = echo_tasks(6) + [
+        {"task_id": "crash", "prompt": "break it", "environment": "faulty"},
+        {"task_id": "slow", "prompt": "take your time [[sleep=3]]", "environment": "echo"},
+    ]
+    with RolloutEngine(cfg) as engine:
+        result = engine.collect(tasks)
+    by_id = {t.task_id: t for t in result.trajectories()}
+    assert len(by_id) == 8
+    assert by_id["crash"].status == "error"
+    assert "tool 'explode' failed: RuntimeError: boom" in by_id["crash"].error
+    assert by_id["slow"].status == "timeout"
+    assert "timed out" in by_id["slow"].error
+    for i in range(6):
+        ok = by_id[f"say-{i}"]
+        assert (ok.status, ok.reward, ok.error) == ("ok", 1.0, None)
+        assert [m.role for m in ok.messages] == ["user", "assistant", "tool", "assistant"]
+        assert ok.messages[2].content == f"say {i}"
+    assert result.summary["total"]["statuses"] == {"ok": 6, "error": 1, "timeout": 1}
+
+
+def test_stateful_environment_keeps_each_episode_on_one_replica(tmp_path, serve_session):
+    cfg = config(tmp_path, serve_session)
+    tasks = [
+        {"task_id": f"c{i}", "prompt": f"count {i}", "environment": "counter"} for i in range(12)
+    ]
+    with RolloutEngine(cfg) as engine:
+        result = engine.collect(tasks, num_repeats=2)
+    trajectories = result.trajectories()
+    assert len(trajectories) == 24
+    assert {(t.status, t.reward) for t in trajectories} == {("ok", 1.0)}
+    assert {t.verification["count"] for t in trajectories} == {1}
+    from ray import serve
+
+    handle = serve.get_app_handle("engine-tests.env.counter")
+    assert handle.open_sessions.remote().result() == 0  # every session was released
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_samples_group_by_task_and_read_back_as_a_ray_dataset(tmp_path, serve_session, fmt):
+    cfg = config(tmp_path, serve_session, output={"format": fmt})
+    with RolloutEngine(cfg) as engine:
+        result = engine.collect(echo_tasks(5), num_repeats=3)
+        assert ray.get_actor("agent:0", namespace="engine-tests") is not None
+        assert ray.get_actor("engine", namespace="engine-tests") is not None
+    groups = result.groups()
+    assert sorted(groups) == [f"say-{i}" for i in range(5)]
+    assert all([t.sample_index for t in g] == [0, 1, 2] for g in groups.values())
+    assert all({t.group_id for t in g} == {task_id} for task_id, g in groups.items())
+    dataset = result.dataset()
+    assert dataset.count() == 15
+    assert set(dataset.columns()) >= {
+        "task_id",
+        "sample_index",
+        "messages",
+        "turns",
+        "reward",
+        "status",
+    }
+
+
+def test_responses_api_gives_the_same_episodes_as_chat(tmp_path, serve_session):
+    results = {}
+    for api in ("chat", "responses"):
+        cfg = config(tmp_path / api, serve_session, policy={"api": api})
+        with RolloutEngine(cfg) as engine:
+            results[api] = sorted(
+                engine.collect(echo_tasks(3)).trajectories(), key=lambda t: t.task_id
+            )
+    for chat, responses in zip(results["chat"], results["responses"], strict=True):
+        assert responses.status == "ok" and responses.reward == 1.0
+        assert [m.role for m in responses.messages] == [m.role for m in chat.messages]
+        assert responses.messages[-1].content == chat.messages[-1].content
+
+
+def test_episode_without_final_answer_ends_at_max_turns(tmp_path, serve_session):
+    cfg = config(tmp_path, serve_session, agents={"max_turns": 1})
+    with RolloutEngine(cfg) as engine:
+        [trajectory] = engine.collect(echo_tasks(1)).trajectories()
+    assert trajectory.status == "max_turns"
+    assert trajectory.metrics.turns == 1 and trajectory.metrics.tool_calls == 1
+
+
+def test_unknown_environment_fails_only_its_episode(tmp_path, serve_session):
+    cfg = config(tmp_path, serve_session)
+    tasks = echo_tasks(2) + [{"task_id": "lost", "prompt": "hi", "environment": "nowhere"}]
+    with RolloutEngine(cfg) as engine:
+        by_id = {t.task_id: t for t in engine.collect(tasks).trajectories()}
+    assert by_id["lost"].status == "error"
+    assert "unknown environment 'nowhere'" in by_id["lost"].error
+    assert by_id["say-0"].status == by_id["say-1"].status == "ok"
+
+
+def test_one_engine_runs_several_collections_each_reading_back_its_own(tmp_path, serve_session):
+    cfg = config(tmp_path, serve_session)
+    with RolloutEngine(cfg) as engine:
+        first = engine.collect(echo_tasks(3, prefix="first"))
+        second = engine.collect(echo_tasks(4, prefix="second"), num_repeats=2)
+    assert sorted(t.task_id for t in first.trajectories()) == [f"first-{i}" for i in range(3)]
+    assert len(second.trajectories()) == 8
+    assert {t.task_id.split("-")[0] for t in second.trajectories()} == {"second"}
+    assert second.summary["total"]["episodes"] == 8
+    assert second.dataset().count() == 8
+
+
+def test_each_trajectory_carries_a_replayable_timeline(tmp_path, serve_session):
+    cfg = config(tmp_path, serve_session)
+    with RolloutEngine(cfg) as engine:
+        [trajectory] = engine.collect(echo_tasks(1)).trajectories()
+    timeline = trajectory.metrics.timeline
+    assert [(e.kind, e.name) for e in timeline] == [
+        ("model", ""),
+        ("tool", "echo"),
+        ("model", ""),
+        ("verify", ""),
+    ]
+    starts = [e.start_s for e in timeline]
+    assert starts == sorted(starts) and starts[0] >= 0
+    assert all(e.seconds >= 0 and e.ok for e in timeline)
+    assert timeline[-1].start_s + timeline[-1].seconds <= trajectory.metrics.seconds_total + 0.01

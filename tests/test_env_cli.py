@@ -1,0 +1,78 @@
+"""`rayrollout env test NAME`: shipped environments pass their own cases; wrong cases fail."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from rayrollout.cli import app
+
+runner = CliRunner()
+SHIPPED = ["weather", "math", "code", "booking", "judge", "reasoning_gym"]
+
+
+def invoke(*args):
+    result = runner.invoke(app, [str(a) for a in args])
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_environment_passes_its_verifier_cases(name):
+    if name == "reasoning_gym":
+        pytest.importorskip("reasoning_gym", reason="needs the [reasoning-gym] extra")
+    code, output = invoke("env", "test", name, "--cases-only")
+    assert code == 0, output
+    assert "verifier case(s) passed" in output
+    assert "FAIL" not in output
+
+
+def test_a_wrong_expected_reward_fails_naming_the_case_and_its_line(tmp_path):
+    task = {"prompt": "What is 6 * 7?", "expected_answer": "42"}
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text(
+        json.dumps({"name": "right", "task": task, "final_answer": "42", "expected_reward": 1})
+        + "\n"
+        + json.dumps(
+            {"name": "mislabelled", "task": task, "final_answer": "41", "expected_reward": 1}
+        )
+        + "\n"
+    )
+    code, output = invoke("env", "test", "math", "--cases", cases, "--cases-only")
+    assert code == 1
+    assert "FAILED case 'mislabelled' (cases.jsonl line 2): expected reward 1.0, got 0.0" in output
+    assert "'right'" not in output.split("FAILED", 1)[1]
+
+
+def test_a_case_that_raises_fails_with_the_exception(tmp_path):
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text(
+        json.dumps(
+            {"name": "no-tests", "task": {"prompt": "x"}, "final_answer": "", "expected_reward": 0}
+        )
+        + "\n"
+    )
+    code, output = invoke("env", "test", "code", "--cases", cases, "--cases-only")
+    assert code == 1
+    assert "FAILED case 'no-tests' (cases.jsonl line 1): raised ValueError" in output
+    assert "needs a 'tests' field" in output
+
+
+def test_a_malformed_cases_file_is_named_with_its_line_and_field(tmp_path):
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text('{"name": "a", "task": {"prompt": "x"}}\n')
+    code, output = invoke("env", "test", "math", "--cases", cases)
+    assert code == 2
+    assert "cases.jsonl line 1, field 'expected_reward': Field required" in output
+
+
+def test_unknown_environment_and_missing_cases_say_what_to_do(tmp_path):
+    code, output = invoke("env", "test", "atlantis")
+    assert code == 2 and "unknown environment 'atlantis'" in output
+    code, output = invoke("env", "test", "math", "--cases", tmp_path / "none.jsonl")
+    assert code == 1 and "no verifier cases for 'math': write" in output
+
+
+def test_env_test_also_runs_the_environments_tool_tests():
+    code, output = invoke("env", "test", "booking", "-k", "state_changes or unclear")
+    assert code == 0, output
+    assert "6 verifier case(s) passed" in output

@@ -1,0 +1,202 @@
+"""rayrollout environments over NeMo Gym's HTTP protocol, driven by a plain HTTP client.
+
+Requests go through Serve's HTTP proxy on the session's port, as a NeMo Gym agent's would:
+a cookie from /seed_session, one POST per tool call, /verify with a Responses object.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import requests
+from openai.types.responses import Response
+from ray import serve
+
+from environments.booking.env import BookingEnv
+from rayrollout.config import EnvironmentConfig
+from rayrollout.environment import Episode
+from rayrollout.hosting import environment_app
+from rayrollout.nemo_gym import NemoGymConnections, episode_response
+from rayrollout.schema import Message
+from rayrollout.tasks import parse_task_row
+
+WEATHER_ROWS = Path(__file__).resolve().parents[1] / "environments/weather/tasks_nemo_gym.jsonl"
+ROW = {
+    "responses_create_params": {
+        "input": [{"role": "user", "content": "Book a suite for 2 nights."}],
+    },
+    "goal": [{"room": "suite", "nights": 2}],
+}
+
+
+@pytest.fixture(scope="module")
+def booking_url(serve_session):
+    serve.run(
+        environment_app("environments.booking.env:BookingEnv", num_replicas=2),
+        name="http-booking",
+        route_prefix="/http-booking",
+    )
+    yield f"http://127.0.0.1:{serve_session}/http-booking"
+    serve.delete("http-booking")
+
+
+def verify_body(row, output):
+    return {"responses_create_params": row["responses_create_params"], "response": output}
+
+
+def response_object(messages):
+    task = parse_task_row(ROW, default_environment="booking")
+    return episode_response(task, [*task.prompt, *messages])
+
+
+def test_a_booking_episode_runs_over_http_with_state_kept_per_session(booking_url):
+    guest, other = requests.Session(), requests.Session()
+    seeded = guest.post(f"{booking_url}/seed_session", json=ROW)
+    assert seeded.status_code == 200, seeded.text
+    assert other.post(f"{booking_url}/seed_session", json=ROW).status_code == 200
+    assert guest.cookies.get("rayrollout_session") != other.cookies.get("rayrollout_session")
+
+    booked = guest.post(f"{booking_url}/book", json={"request": "a suite for 2 nights"})
+    assert booked.status_code == 200
+    assert booked.text == "Booked a suite for 2 night(s): booking B1, total 600 EUR."
+    # The other session has its own database: its suite is still free, then sold out.
+    assert other.post(f"{booking_url}/book", json={"request": "suite, 3 nights"}).ok
+    sold_out = other.post(f"{booking_url}/book", json={"request": "suite, 2 nights"})
+    assert sold_out.status_code == 400
+    assert sold_out.text.startswith("Error: no suite is free")
+    listed = guest.post(f"{booking_url}/list_bookings", json={})
+    assert listed.headers["content-type"].startswith("application/json")
+    assert listed.json() == [{"id": "B1", "type": "suite", "nights": 2, "status": "active"}]
+
+    call = {"id": "c1", "type": "function"}
+    messages = [
+        Message(
+            role="assistant", tool_calls=[{**call, "function": {"name": "book", "arguments": "{}"}}]
+        ),
+        Message(role="tool", tool_call_id="c1", content=booked.text),
+        Message(role="assistant", content="Your suite is booked: B1."),
+    ]
+    body = verify_body(ROW, response_object(messages))
+    Response.model_validate(body["response"])
+    verified = guest.post(f"{booking_url}/verify", json=body)
+    assert verified.status_code == 200
+    answer = verified.json()
+    assert answer["reward"] == 1.0
+    assert answer["matched"] == 1 and answer["confirmed"] is True
+    assert answer["responses_create_params"] == ROW["responses_create_params"]
+    other_answer = other.post(f"{booking_url}/verify", json=body).json()
+    assert other_answer["reward"] == 0.0  # it booked 3 nights, not 2
+
+    # /verify ended both sessions; /close_session after it is a harmless no-op.
+    assert guest.post(f"{booking_url}/close_session", json={}).status_code == 200
+    gone = guest.post(f"{booking_url}/list_bookings", json={})
+    assert gone.status_code == 404 and "seed_session again" in gone.json()["detail"]
+
+
+def test_protocol_errors_say_what_to_do(booking_url):
+    client = requests.Session()
+    no_session = client.post(f"{booking_url}/book", json={"request": "suite, 1 night"})
+    assert no_session.status_code == 400
+    assert "POST /seed_session" in no_session.json()["detail"]
+    unknown = client.post(f"{booking_url}/teleport", json={})
+    assert unknown.status_code == 404
+    assert "Available tools: book, cancel, list_bookings, list_rooms" in unknown.text
+    bad_seed = client.post(f"{booking_url}/seed_session", json={"hello": 1})
+    assert bad_seed.status_code == 422 and "responses_create_params" in bad_seed.text
+    client.post(f"{booking_url}/seed_session", json=ROW)
+    bad_args = client.post(f"{booking_url}/book", json={"room": "suite"})
+    assert bad_args.status_code == 400 and "invalid arguments for 'book'" in bad_args.text
+    described = client.get(f"{booking_url}/").json()
+    assert described["environment"] == "booking"
+    assert [t["name"] for t in described["tools"]] == [
+        "book",
+        "cancel",
+        "list_bookings",
+        "list_rooms",
+    ]
+
+
+def test_verify_without_a_session_scores_in_a_fresh_one(booking_url):
+    # Like NeMo Gym's, the verify body carries the row's verifier fields (here: the goal).
+    body = verify_body(ROW, response_object([Message(role="assistant", content="No.")]))
+    answer = requests.post(f"{booking_url}/verify", json={**body, "goal": ROW["goal"]}).json()
+    assert answer["reward"] == 0.0 and answer["bookings"] == []
+
+
+async def test_rayrollouts_own_remote_client_plays_a_rayrollout_environment_over_http(
+    booking_url,
+):
+    task = parse_task_row(
+        {
+            "prompt": "Book a suite for 2 nights.",
+            "goal": [{"room": "suite", "nights": 2}],
+            "tools": BookingEnv.tool_schemas(),
+        },
+        default_environment="booking",
+    )
+    pool = NemoGymConnections()
+    session = pool.session("booking_http", EnvironmentConfig(url=booking_url), task)
+    await session.setup()
+    result = await session.call_tool("book", json.dumps({"request": "suite for 2 nights"}))
+    messages = [
+        *task.prompt,
+        Message(role="assistant", content=f"Done: {result.content}"),
+    ]
+    verification = await session.verify(Episode(task=task, messages=messages))
+    await session.close()
+    await pool.close()
+    assert not result.is_error
+    assert verification.reward == 1.0
+    assert verification.details["bookings"][0]["id"] == "B1"
+
+
+def test_env_serve_puts_an_inline_environment_behind_the_protocol(serve_session):
+    from typer.testing import CliRunner
+
+    from rayrollout.cli import app
+
+    result = CliRunner().invoke(
+        app,
+        [
+            "env",
+            "serve",
+            "weather",
+            "--detach",
+            "--port",
+            str(serve_session),
+            "--namespace",
+            "http-test",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    url = result.stdout.strip().splitlines()[-1]
+    assert url == f"http://127.0.0.1:{serve_session}/http-test/env/weather"
+    try:
+        client = requests.Session()
+        row = json.loads(WEATHER_ROWS.read_text().splitlines()[0])
+        assert client.post(f"{url}/seed_session", json=row).ok
+        report = client.post(f"{url}/get_weather", json={"city": "Tokyo"})
+        assert report.text.startswith("The weather in Tokyo is ")
+        task = parse_task_row(row, default_environment="weather")
+        output = episode_response(
+            task,
+            [
+                *task.prompt,
+                Message(
+                    role="assistant",
+                    tool_calls=[
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": '{"city": "Tokyo"}'},
+                        }
+                    ],
+                ),
+                Message(role="tool", tool_call_id="c1", content=report.text),
+                Message(role="assistant", content=report.text),
+            ],
+        )
+        verified = client.post(f"{url}/verify", json={**row, "response": output}).json()
+        assert verified["reward"] == 1.0 and verified["tools_called"] == ["get_weather"]
+    finally:
+        serve.delete("http-test.env.weather")

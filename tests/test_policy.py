@@ -1,0 +1,106 @@
+"""PolicyClient against a real HTTP server that misbehaves on purpose."""
+
+import asyncio
+
+import pytest
+from aiohttp import web
+
+from rayrollout.config import PolicyConfig
+from rayrollout.policy import PolicyClient, PolicyError, PolicyTimeout
+from rayrollout.schema import Message
+
+ANSWER = {
+    "id": "chatcmpl-1",
+    "object": "chat.completion",
+    "created": 0,
+    "model": "m",
+    "choices": [
+        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}
+    ],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+}
+
+
+@pytest.fixture
+async def flaky_server():
+    """Answers with the queued failures first (status codes, 'hang' or 'garbage'), then succeeds."""
+    state = {"failures": [], "requests": 0, "auth": []}
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        state["requests"] += 1
+        state["auth"].append(request.headers.get("Authorization"))
+        if state["failures"]:
+            failure = state["failures"].pop(0)
+            if failure == "hang":
+                await asyncio.sleep(5)
+            elif failure == "garbage":
+                return web.Response(text="{not json", content_type="application/json")
+            else:
+                return web.json_response(
+                    {"error": {"message": "try later"}},
+                    status=failure,
+                    headers={"retry-after-ms": "10"},
+                )
+        return web.json_response(ANSWER)
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}/v1", state
+    await runner.cleanup()
+
+
+def client(url, **config) -> PolicyClient:
+    return PolicyClient(PolicyConfig(kind="openai", model="m", **config), url)
+
+
+async def ask(policy: PolicyClient):
+    try:
+        return await policy.complete([Message(role="user", content="hello")], tools=[])
+    finally:
+        await policy.close()
+
+
+async def test_429_and_5xx_are_retried_until_the_server_answers(flaky_server):
+    url, state = flaky_server
+    state["failures"] = [429, 503, 500]
+    reply = await ask(client(url, max_retries=3))
+    assert reply.message.content == "hi"
+    assert state["requests"] == 4
+    assert reply.turn.prompt_tokens == 3 and reply.turn.seconds > 0
+
+
+async def test_server_errors_past_the_retry_limit_become_a_policy_error(flaky_server):
+    url, state = flaky_server
+    state["failures"] = [500, 500, 500]
+    with pytest.raises(PolicyError, match="answered HTTP 500"):
+        await ask(client(url, max_retries=1))
+    assert state["requests"] == 2
+
+
+async def test_a_hanging_server_becomes_a_policy_timeout(flaky_server):
+    url, state = flaky_server
+    state["failures"] = ["hang", "hang"]
+    with pytest.raises(PolicyTimeout, match="timed out after 0.3s"):
+        await ask(client(url, timeout_s=0.3, max_retries=1))
+
+
+async def test_garbage_json_is_a_policy_error(flaky_server):
+    url, state = flaky_server
+    state["failures"] = ["garbage"]
+    with pytest.raises(PolicyError):
+        await ask(client(url, max_retries=0))
+
+
+async def test_api_key_is_sent_but_never_in_errors(flaky_server, monkeypatch):
+    url, state = flaky_server
+    monkeypatch.setenv("MY_POLICY_KEY", "sk-secret-123")
+    state["failures"] = [401]
+    with pytest.raises(PolicyError) as info:
+        await ask(client(url, max_retries=0, api_key_env="MY_POLICY_KEY"))
+    assert state["auth"] == ["Bearer sk-secret-123"]
+    assert "sk-secret-123" not in str(info.value)

@@ -1,0 +1,84 @@
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rayrollout.schema import (
+    FunctionCall,
+    Message,
+    Task,
+    ToolCall,
+    Trajectory,
+    Turn,
+    stable_task_id,
+    trajectory_arrow_schema,
+)
+
+
+def make_trajectory(**overrides) -> Trajectory:
+    fields = dict(
+        task_id="t1",
+        sample_index=2,
+        group_id="t1",
+        environment="weather",
+        messages=[
+            Message(role="user", content="weather in Oslo?"),
+            Message(
+                role="assistant",
+                tool_calls=[
+                    ToolCall(
+                        id="c1",
+                        function=FunctionCall(name="get_weather", arguments='{"city": "Oslo"}'),
+                    )
+                ],
+            ),
+            Message(role="tool", tool_call_id="c1", name="get_weather", content="cold"),
+            Message(role="assistant", content="It is cold."),
+        ],
+        turns=[Turn(prompt_token_ids=[1, 2], completion_token_ids=[3], logprobs=[-0.5])],
+        reward=1.0,
+        verification={"called": ["get_weather"], "nested": {"a": [1, 2]}},
+        tools=[{"type": "function", "function": {"name": "get_weather"}}],
+        task_fields={"expected_answer": "42"},
+    )
+    fields.update(overrides)
+    return Trajectory(**fields)
+
+
+def test_parquet_round_trip_keeps_every_field(tmp_path):
+    trajectory = make_trajectory()
+    table = pa.Table.from_pylist([trajectory.to_row()], schema=trajectory_arrow_schema())
+    pq.write_table(table, tmp_path / "t.parquet")
+    row = pq.read_table(tmp_path / "t.parquet").to_pylist()[0]
+    assert Trajectory.from_row(row) == trajectory
+
+
+def test_jsonl_row_reads_back_as_the_same_trajectory():
+    trajectory = make_trajectory()
+    line = json.dumps(trajectory.to_row(), default=str)
+    assert Trajectory.from_row(json.loads(line)) == trajectory
+
+
+def test_arrow_schema_uses_compact_types_for_tokens():
+    schema = trajectory_arrow_schema()
+    turn = schema.field("turns").type.value_type
+    assert turn.field("prompt_token_ids").type == pa.list_(pa.int32())
+    assert turn.field("logprobs").type == pa.list_(pa.float32())
+    assert schema.field("verification").type == pa.string()
+    assert schema.field("created_at").type == pa.timestamp("us", tz="UTC")
+
+
+def test_reward_outside_unit_interval_is_rejected():
+    with pytest.raises(ValueError, match="reward"):
+        make_trajectory(reward=1.5)
+
+
+def test_task_needs_a_user_message_with_text():
+    with pytest.raises(ValueError, match="no user message"):
+        Task(task_id="x", environment="e", prompt=[Message(role="system", content="hi")])
+
+
+def test_stable_task_id_depends_only_on_content():
+    assert stable_task_id({"a": 1, "b": 2}) == stable_task_id({"b": 2, "a": 1})
+    assert stable_task_id({"a": 1}) != stable_task_id({"a": 2})
