@@ -74,11 +74,11 @@ def serve_stub(port: int, latency_s: float) -> None:
 
 
 @contextmanager
-def stub_policy(latency_s: float = 0.0) -> Iterator[tuple[str, int]]:
-    """Start the stub in its own process; yields (base_url, pid)."""
+def server_process(args: list[str], what: str) -> Iterator[tuple[int, int]]:
+    """Run a benchmark server (``python <args> PORT``) in its own process; yields (port, pid)."""
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), "stub", str(port), str(latency_s)],
+        [sys.executable, *args, str(port)],
         env={
             **os.environ,
             "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -92,12 +92,28 @@ def stub_policy(latency_s: float = 0.0) -> Iterator[tuple[str, int]]:
                 break
             except OSError:
                 if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError("stub policy did not start") from None
+                    raise RuntimeError(f"{what} did not start") from None
                 time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/v1", process.pid
+        yield port, process.pid
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+@contextmanager
+def stub_policy(latency_s: float = 0.0) -> Iterator[tuple[str, int]]:
+    """Start the stub in its own process; yields (base_url, pid)."""
+    here = os.path.abspath(__file__)
+    with server_process([here, "stub", str(latency_s)], "stub policy") as (port, pid):
+        yield f"http://127.0.0.1:{port}/v1", pid
+
+
+@contextmanager
+def nemo_gym_weather() -> Iterator[tuple[str, int]]:
+    """Start the weather resources server (``nemo_gym_server.py``); yields (url, pid)."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nemo_gym_server.py")
+    with server_process([script], "NeMo Gym weather server") as (port, pid):
+        yield f"http://127.0.0.1:{port}", pid
 
 
 def _stat(pid: int) -> tuple[int, float] | None:
@@ -129,13 +145,31 @@ def tree_cpu_seconds(root: int) -> float:
     return total
 
 
+_JSON_STDOUT: list[int] = []  # the real stdout, while fd 1 points at stderr
+
+
+def keep_stdout_for_json() -> None:
+    """Send everything but the result to stderr, so stdout holds one JSON object only.
+
+    Ray's daemons and workers inherit file descriptor 1 and write log lines to it (a raylet
+    warning at shutdown, say); pointing fd 1 at stderr before Ray starts keeps them out of
+    the JSON that ``emit`` writes.
+    """
+    if not _JSON_STDOUT:
+        sys.stdout.flush()
+        _JSON_STDOUT.append(os.dup(1))
+        os.dup2(2, 1)
+
+
 def emit(result: dict[str, Any]) -> None:
-    """Print the benchmark's one JSON object."""
-    print(json.dumps(result, indent=2))
+    """Print the benchmark's one JSON object (to the real stdout)."""
+    text = json.dumps(result, indent=2) + "\n"
+    sys.stdout.flush()
+    os.write(_JSON_STDOUT[0] if _JSON_STDOUT else 1, text.encode())
 
 
 if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "stub":
-    serve_stub(int(sys.argv[2]), float(sys.argv[3]))
+    serve_stub(int(sys.argv[3]), float(sys.argv[2]))
 
 
 def weather_tasks(n: int, prefix: str = "w") -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import (  # noqa: E402
     emit,
     engine_config,
+    keep_stdout_for_json,
     start_ray,
     stop_ray,
     stub_policy,
@@ -39,6 +40,7 @@ def main() -> None:
     parser.add_argument("--waves", type=float, default=2.0, help="episodes = waves x C")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
+    keep_stdout_for_json()
     levels = [int(c) for c in args.concurrency.split(",")]
     if args.smoke:
         levels, args.waves = [32], 1.0

@@ -21,7 +21,15 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import emit, engine_config, start_ray, stop_ray, stub_policy, weather_tasks  # noqa: E402
+from common import (  # noqa: E402
+    emit,
+    engine_config,
+    keep_stdout_for_json,
+    start_ray,
+    stop_ray,
+    stub_policy,
+    weather_tasks,
+)
 
 
 def rss_mb(pid: int) -> float:
@@ -52,6 +60,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=100_000)
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
+    keep_stdout_for_json()
     if args.smoke:
         args.episodes = 500
     from rayrollout import RolloutEngine

@@ -6,7 +6,12 @@ everything in one process with no Ray, no validation and no output; the engine r
 agents, environments and writer (Parquet). Reported: episodes/s of each, their ratio, and CPU
 milliseconds per episode summed over every process of the run (the stub included in both).
 
-    python benchmarks/overhead.py                 # full run (about 2 minutes)
+Hosting modes: ``inline`` (the environment in the agents), ``serve`` (Serve replicas, called
+by deployment handles) and ``remote`` (a NeMo Gym resources server by URL: a plain aiohttp
+server in its own process, ``nemo_gym_server.py``). For ``remote`` the bare loop makes the
+same HTTP calls to the same server (seed, tool, verify, close), and the ratio is to that.
+
+    python benchmarks/overhead.py                 # full run (about 3 minutes)
     python benchmarks/overhead.py --smoke         # seconds; CI checks it still works
 """
 
@@ -22,22 +27,82 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import emit, stub_policy, tree_cpu_seconds  # noqa: E402
+from common import emit, keep_stdout_for_json, nemo_gym_weather, stub_policy, tree_cpu_seconds  # noqa: E402
 
 PROMPT = "What's the weather like in City {i}?"
 
 
-async def bare_loop(base_url: str, episodes: int, concurrency: int) -> None:
-    """The floor: the same HTTP calls and tool/verifier work, nothing else."""
+async def bare_loop(
+    base_url: str, episodes: int, concurrency: int, env_url: str | None = None
+) -> None:
+    """The floor: the same HTTP calls and tool/verifier work, nothing else.
+
+    With ``env_url`` the tool and the verifier are a NeMo Gym resources server's routes.
+    """
     import aiohttp
 
     from environments.weather.env import WeatherEnv
+    from rayrollout.convert import chat_tools_to_responses
     from rayrollout.environment import Episode
     from rayrollout.schema import FunctionCall, Message, Task, ToolCall
 
     tools = WeatherEnv.tool_schemas()
+    response_tools = chat_tools_to_responses(tools)
     semaphore = asyncio.Semaphore(concurrency)
     url = f"{base_url}/chat/completions"
+
+    async def remote_episode(session: aiohttp.ClientSession, i: int) -> float:
+        async with semaphore:
+            prompt = {"role": "user", "content": PROMPT.format(i=i)}
+            params = {"input": [prompt], "tools": response_tools}
+            async with session.post(
+                f"{env_url}/seed_session", json={"responses_create_params": params}
+            ) as response:
+                cookie = {"Cookie": f"session={response.cookies['session'].value}"}
+            messages: list[dict[str, Any]] = [prompt]
+            output: list[dict[str, Any]] = []
+            for _ in range(3):
+                async with session.post(
+                    url, json={"model": "stub", "messages": messages, "tools": tools}
+                ) as response:
+                    body = await response.json()
+                message = body["choices"][0]["message"]
+                messages.append(message)
+                if not message.get("tool_calls"):
+                    output.append(
+                        {
+                            "type": "message",
+                            "role": "assistant",
+                            "content": [{"type": "output_text", "text": message["content"]}],
+                        }
+                    )
+                    break
+                for call in message["tool_calls"]:
+                    name, arguments = call["function"]["name"], call["function"]["arguments"]
+                    async with session.post(
+                        f"{env_url}/{name}", data=arguments, headers=cookie
+                    ) as response:
+                        result = await response.text()
+                    messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+                    output.append(
+                        {
+                            "type": "function_call",
+                            "call_id": call["id"],
+                            "name": name,
+                            "arguments": arguments,
+                        }
+                    )
+                    output.append(
+                        {"type": "function_call_output", "call_id": call["id"], "output": result}
+                    )
+            verify_body = {"responses_create_params": params, "response": {"output": output}}
+            async with session.post(
+                f"{env_url}/verify", json=verify_body, headers=cookie
+            ) as response:
+                reward = (await response.json())["reward"]
+            async with session.post(f"{env_url}/close_session", json={}, headers=cookie):
+                pass
+            return reward
 
     async def episode(session: aiohttp.ClientSession, i: int) -> float:
         async with semaphore:
@@ -83,17 +148,25 @@ async def bare_loop(base_url: str, episodes: int, concurrency: int) -> None:
 
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
-        rewards = await asyncio.gather(*(episode(session, i) for i in range(episodes)))
+        play = remote_episode if env_url else episode
+        rewards = await asyncio.gather(*(play(session, i) for i in range(episodes)))
     assert sum(rewards) == episodes, "bare loop episodes failed"
 
 
-def run_bare(base_url: str, stub_pid: int, episodes: int, concurrency: int) -> dict[str, float]:
-    asyncio.run(bare_loop(base_url, min(200, episodes), concurrency))  # warm-up, not timed
-    cpu0 = time.process_time() + tree_cpu_seconds(stub_pid)
+def run_bare(
+    base_url: str,
+    server_pids: list[int],
+    episodes: int,
+    concurrency: int,
+    env_url: str | None = None,
+) -> dict[str, float]:
+    warm_up = bare_loop(base_url, min(200, episodes), concurrency, env_url)
+    asyncio.run(warm_up)  # connections, imports: not timed
+    cpu0 = time.process_time() + sum(tree_cpu_seconds(pid) for pid in server_pids)
     start = time.perf_counter()
-    asyncio.run(bare_loop(base_url, episodes, concurrency))
+    asyncio.run(bare_loop(base_url, episodes, concurrency, env_url))
     wall = time.perf_counter() - start
-    cpu = time.process_time() + tree_cpu_seconds(stub_pid) - cpu0
+    cpu = time.process_time() + sum(tree_cpu_seconds(pid) for pid in server_pids) - cpu0
     return {
         "episodes_per_s": episodes / wall,
         "cpu_ms_per_episode": 1000 * cpu / episodes,
@@ -102,7 +175,13 @@ def run_bare(base_url: str, stub_pid: int, episodes: int, concurrency: int) -> d
 
 
 def run_engine(
-    base_url: str, stub_pid: int, episodes: int, concurrency: int, hosting: str, num_agents: int
+    base_url: str,
+    server_pids: list[int],
+    episodes: int,
+    concurrency: int,
+    hosting: str,
+    num_agents: int,
+    env_url: str | None = None,
 ) -> dict[str, float]:
     import pandas as pd
 
@@ -112,7 +191,9 @@ def run_engine(
     config = {
         "namespace": f"overhead-{hosting}",
         "policy": {"kind": "openai", "base_url": base_url, "model": "stub", "max_retries": 0},
-        "environments": {"weather": {"hosting": hosting, "replicas": 1}},
+        "environments": {
+            "weather": {"url": env_url} if hosting == "remote" else {"hosting": hosting}
+        },
         "agents": {"num_agents": num_agents},
         "concurrency": concurrency,
         "output": {"dir": out, "rows_per_part": 5000},
@@ -127,11 +208,11 @@ def run_engine(
         engine.start()
         engine.collect(warm_up)  # worker processes, connections, the Serve app: not timed
         root = os.getpid()
-        cpu0 = tree_cpu_seconds(root) + tree_cpu_seconds(stub_pid)
+        cpu0 = tree_cpu_seconds(root) + sum(tree_cpu_seconds(pid) for pid in server_pids)
         start = time.perf_counter()
         result = engine.collect(tasks)
         wall = time.perf_counter() - start
-        cpu = tree_cpu_seconds(root) + tree_cpu_seconds(stub_pid) - cpu0
+        cpu = tree_cpu_seconds(root) + sum(tree_cpu_seconds(pid) for pid in server_pids) - cpu0
     frame = pd.read_parquet([str(p) for p in result.parts], columns=["task_id", "status"])
     assert len(frame) == episodes and (frame["status"] == "ok").all(), frame[
         "status"
@@ -150,11 +231,14 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--agents", type=int, default=2)
-    parser.add_argument("--modes", default="inline,serve", help="environment hosting modes to run")
+    parser.add_argument(
+        "--modes", default="inline,serve,remote", help="environment hosting modes to run"
+    )
     parser.add_argument(
         "--smoke", action="store_true", help="tiny run to check the benchmark works"
     )
     args = parser.parse_args()
+    keep_stdout_for_json()
     if args.smoke:
         args.episodes, args.concurrency = 100, 32
     import ray
@@ -169,15 +253,19 @@ def main() -> None:
         "machine": f"{os.cpu_count()} cores",
     }
     try:
-        with stub_policy() as (url, stub_pid):
-            results["bare_loop"] = run_bare(url, stub_pid, args.episodes, args.concurrency)
+        with stub_policy() as (url, stub_pid), nemo_gym_weather() as (env_url, env_pid):
+            n, c = args.episodes, args.concurrency
+            results["bare_loop"] = run_bare(url, [stub_pid], n, c)
             for mode in args.modes.split(","):
-                engine = run_engine(
-                    url, stub_pid, args.episodes, args.concurrency, mode, args.agents
-                )
-                engine["ratio_to_bare"] = (
-                    engine["episodes_per_s"] / results["bare_loop"]["episodes_per_s"]
-                )
+                if mode == "remote":
+                    bare = results["bare_loop_remote"] = run_bare(
+                        url, [stub_pid, env_pid], n, c, env_url
+                    )
+                    pids = [stub_pid, env_pid]
+                else:
+                    bare, pids = results["bare_loop"], [stub_pid]
+                engine = run_engine(url, pids, n, c, mode, args.agents, env_url)
+                engine["ratio_to_bare"] = engine["episodes_per_s"] / bare["episodes_per_s"]
                 results[f"engine_{mode}"] = engine
     finally:
         from ray import serve

@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import (  # noqa: E402
     emit,
     engine_config,
+    keep_stdout_for_json,
     start_ray,
     stop_ray,
     stub_policy,
@@ -35,6 +36,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
+    keep_stdout_for_json()
     counts = [int(a) for a in args.agents.split(",")]
     if args.smoke:
         counts, args.episodes, args.concurrency = [1, 2], 100, 32

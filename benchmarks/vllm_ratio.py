@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import emit, free_port, start_ray, stop_ray  # noqa: E402
+from common import emit, free_port, keep_stdout_for_json, start_ray, stop_ray  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,6 +75,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="alternating measurement rounds")
     parser.add_argument("--policy-config", default=str(ROOT / "deployments/vllm/cpu.yaml"))
     args = parser.parse_args()
+    keep_stdout_for_json()
 
     from rayrollout import RolloutEngine, RunConfig
     from rayrollout.services import deploy_policy

@@ -431,7 +431,7 @@ def export(
     ],
     out: Annotated[Path, typer.Argument(help="File to write: .jsonl or .parquet (by suffix).")],
     min_reward: Annotated[
-        float, typer.Option("--min-reward", help="sft: keep 'ok' trajectories with this reward.")
+        float, typer.Option("--min-reward", help="sft: least reward of an 'ok' trajectory kept.")
     ] = 1.0,
     min_gap: Annotated[
         float,
