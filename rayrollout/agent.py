@@ -21,6 +21,7 @@ from rayrollout.episode import EpisodeSpec, failed_trajectory, run_episode
 from rayrollout.hosting import EnvSession, InlineSession, ServeSession, environment_app_name
 from rayrollout.nemo_gym import NemoGymConnections, RemoteEnvironment
 from rayrollout.policy import PolicyClient
+from rayrollout.policy_gate import GatedPolicy, PauseMode, PolicyGate
 from rayrollout.registry import load_environment
 
 __all__ = ["AgentActor", "agent_name"]
@@ -50,7 +51,10 @@ class AgentRunner:
         self.config = config
         # One connection per episode this agent may hold in flight, so no call queues for one.
         per_agent = -(-config.concurrency // config.agents.num_agents)
-        self.policy = PolicyClient(config.policy, policy_url, max_connections=per_agent + 16)
+        client = PolicyClient(config.policy, policy_url, max_connections=per_agent + 16)
+        # Every model call passes the gate: pause/resume for weight updates, versions per turn.
+        self.gate = PolicyGate(config.training.max_staleness)
+        self.policy = GatedPolicy(client, self.gate)
         self.handles: dict[str, Any] = {}
         self.remote = NemoGymConnections()
 
@@ -79,7 +83,8 @@ class AgentRunner:
 
     async def run_one(self, spec: EpisodeSpec) -> dict[str, Any]:
         """One episode; played again from the start (a new episode id) when its environment
-        replica died under it, up to ``_EPISODE_ATTEMPTS`` times. Only the last try is kept."""
+        replica died under it or the policy moved on more than ``max_staleness`` versions,
+        up to ``_EPISODE_ATTEMPTS`` times. Only the last try is kept."""
         for attempt in range(1, _EPISODE_ATTEMPTS + 1):
             episode_id = spec.new_episode_id()
             try:
@@ -91,14 +96,25 @@ class AgentRunner:
             trajectory = await run_episode(
                 spec, env_cls, session, self.policy, self.config.agents, self.name, episode_id
             )
-            if not getattr(session, "lost", False):
+            trajectory.policy_version = (
+                trajectory.turns[0].policy_version if trajectory.turns else self.gate.version
+            )
+            stale = self.gate.take_stale(episode_id)
+            if not getattr(session, "lost", False) and not stale:
                 break
             if attempt == _EPISODE_ATTEMPTS:
                 trajectory.error = f"{trajectory.error} (episode tried {attempt} times)"
         return trajectory.to_row()
 
-    async def run(self, specs: list[EpisodeSpec]) -> list[dict[str, Any]]:
-        """Run a chunk of episodes concurrently; one row per episode, failures included."""
+    async def run(
+        self, specs: list[EpisodeSpec], policy_state: tuple[int, bool] | None = None
+    ) -> list[dict[str, Any]]:
+        """Run a chunk of episodes concurrently; one row per episode, failures included.
+
+        ``policy_state`` (version, paused) is the engine's, for an agent that restarted.
+        """
+        if policy_state is not None:
+            self.gate.sync(*policy_state)
         return list(await asyncio.gather(*(self.run_one(spec) for spec in specs)))
 
 
@@ -110,8 +126,21 @@ class AgentActor:
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
         self.runner = AgentRunner(name, config, policy_url)
 
-    async def run(self, specs: list[EpisodeSpec]) -> list[dict[str, Any]]:
-        return await self.runner.run(specs)
+    async def run(
+        self, specs: list[EpisodeSpec], policy_state: tuple[int, bool] | None = None
+    ) -> list[dict[str, Any]]:
+        return await self.runner.run(specs, policy_state)
+
+    async def pause(self, mode: PauseMode) -> int:
+        """Hold this agent's new model calls (see ``policy_gate``); returns calls in flight."""
+        return await self.runner.gate.pause(mode)
+
+    def resume(self, version: int) -> None:
+        self.runner.gate.resume(version)
+
+    def policy_calls(self) -> dict[str, Any]:
+        """This agent's gate: version, paused, calls in flight, held, aborted, stale restarts."""
+        return self.runner.gate.snapshot()
 
     def ready(self) -> str:
         return self.runner.name

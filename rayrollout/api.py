@@ -20,7 +20,7 @@ from rayrollout.config import RunConfig
 from rayrollout.engine import ENGINE_NAME, EngineActor
 from rayrollout.episode import EpisodeSpec
 from rayrollout.placement import cpu_actor_options
-from rayrollout.schema import Task, Trajectory
+from rayrollout.schema import Task, Trajectory, trajectory_arrow_schema
 from rayrollout.services import deploy_policy, ensure_ray
 from rayrollout.writer import written_keys
 
@@ -79,7 +79,12 @@ def read_trajectories(
     if fmt == "parquet":
         if not paths:
             return
-        for batch in ds.dataset([str(p) for p in paths], format="parquet").to_batches():
+        # The current schema, not the first part's: parts written before a field was added
+        # (a turn's policy_version) read with nulls instead of hiding it in newer parts.
+        schema = trajectory_arrow_schema()
+        for batch in ds.dataset(
+            [str(p) for p in paths], format="parquet", schema=schema
+        ).to_batches():
             for row in batch.to_pylist():
                 yield Trajectory.from_row(row)
         return

@@ -27,7 +27,15 @@ from rayrollout.hosting import environment_app_name
 from rayrollout.placement import cpu_actor_options
 from rayrollout.services import deploy_policy, ensure_ray, policy_app_name
 
-__all__ = ["ServiceNotFoundError", "down", "lookup_app", "lookup_engine", "status", "up"]
+__all__ = [
+    "ServiceNotFoundError",
+    "down",
+    "lookup_app",
+    "lookup_engine",
+    "start_detached",
+    "status",
+    "up",
+]
 
 LOOKUP_TIMEOUT_S = 5.0
 
@@ -91,6 +99,16 @@ def up(config: RunConfig) -> dict[str, Any]:
     Raises:
         RuntimeError: an engine already runs in the namespace (``rayrollout down`` first).
     """
+    start_detached(config)
+    return status(config.namespace)
+
+
+def start_detached(config: RunConfig) -> Any:
+    """``up`` without the status report: returns the detached engine's handle.
+
+    Raises:
+        RuntimeError: an engine already runs in the namespace (``rayrollout down`` first).
+    """
     ensure_ray(config)
     try:
         ray.get_actor(ENGINE_NAME, namespace=config.namespace)
@@ -111,7 +129,7 @@ def up(config: RunConfig) -> dict[str, Any]:
     ).remote(config, policy_url, run_id, True)
     ray.get(engine.start.remote())
     ray.get(engine.ensure_environments.remote(sorted(config.environments)))
-    return status(config.namespace)
+    return engine
 
 
 def status(namespace: str) -> dict[str, Any]:

@@ -24,6 +24,7 @@ __all__ = [
     "RayConfig",
     "RunConfig",
     "ScriptedPolicyConfig",
+    "TrainingConfig",
     "load_config",
 ]
 
@@ -267,6 +268,41 @@ class RayConfig(_Config):
     )
 
 
+class TrainingConfig(_Config):
+    """How the engine's training-loop methods behave (``generate``, ``pause``, weights)."""
+
+    pause_mode: Literal["wait", "abort_and_retry", "continue"] = Field(
+        default="wait",
+        description="What pause() does to model calls in flight (new calls always wait): "
+        "'wait' lets them finish under the old weights before pause() returns; "
+        "'abort_and_retry' cancels them and sends them again after resume() under the new "
+        "version; 'continue' returns at once and lets them go on (each turn keeps the "
+        "version it was sent under).",
+    )
+    max_staleness: int | None = Field(
+        default=None,
+        ge=0,
+        description="Versions the policy may move on during one episode: a model call more "
+        "than this many versions after the episode's first turn restarts the episode under "
+        "the current weights. None: no bound.",
+    )
+    dynamic_sampling: bool = Field(
+        default=False,
+        description="generate(): drop groups whose rewards are all equal (no GRPO signal) "
+        "and top the batch up with more groups, within max_extra_groups.",
+    )
+    max_extra_groups: int | None = Field(
+        default=None,
+        ge=0,
+        description="Dynamic sampling: groups run beyond the batch at most, per generate() "
+        "call (None: as many as the batch has groups).",
+    )
+    write_trajectories: bool = Field(
+        default=False,
+        description="generate(): also write the trajectories it returns to the output folder.",
+    )
+
+
 class RunConfig(_Config):
     """Everything one run needs; the YAML file, the CLI flags and Python all fill this."""
 
@@ -294,6 +330,7 @@ class RunConfig(_Config):
     output: OutputConfig = Field(default_factory=OutputConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
 
     def environment_config(self, name: str) -> EnvironmentConfig:
         """Settings of one environment (defaults when the config names it not)."""

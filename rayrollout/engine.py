@@ -22,6 +22,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError
 from rayrollout.agent import AgentActor, agent_name, resolve_hosting
 from rayrollout.config import RunConfig
 from rayrollout.episode import EpisodeSpec, failed_trajectory
+from rayrollout.groups import GenerateResult, SamplingCounts, generate_groups
 from rayrollout.hosting import (
     environment_app,
     environment_app_name,
@@ -30,8 +31,11 @@ from rayrollout.hosting import (
 )
 from rayrollout.metrics import RunMetrics
 from rayrollout.placement import agent_actor_options
+from rayrollout.policy_gate import PauseMode
 from rayrollout.registry import load_environment
+from rayrollout.schema import Task
 from rayrollout.stats import RunStats
+from rayrollout.weights import WeightSync
 from rayrollout.writer import PartWriter, make_sink
 
 __all__ = ["ENGINE_NAME", "EngineActor"]
@@ -84,6 +88,9 @@ class EngineActor:
         self.all_done = asyncio.Event()
         self.all_done.set()
         self.batch_first_part = 0
+        self.weights = WeightSync(config, policy_url, self.agents)
+        self.sampling = SamplingCounts()
+        self.waiters: dict[int, _Waiter] = {}  # id(spec) -> the generate() call awaiting it
 
     async def start(self) -> list[str]:
         """Wait for the agents and open the output; returns the agents' names."""
@@ -162,6 +169,116 @@ class EngineActor:
         snapshot["queued"] = self.queue.qsize()
         return snapshot
 
+    # Training-loop interface (issue 5): a trainer finds this actor by name and calls these.
+
+    async def generate(
+        self,
+        tasks: list[Task | dict[str, Any]],
+        n: int,
+        dynamic_sampling: bool | None = None,
+        batch_size: int | None = None,
+        max_extra_groups: int | None = None,
+        write: bool | None = None,
+    ) -> GenerateResult:
+        """Run ``n`` samples of each task; return them grouped by task (GRPO groups).
+
+        Each group carries its rewards' mean and std; every turn its ``policy_version``.
+        ``dynamic_sampling`` drops zero-variance groups and tops the batch (``batch_size``
+        groups, default all tasks) up from the tasks after it, then by sampling dropped
+        tasks again, within ``max_extra_groups`` (``rayrollout.groups``). ``write`` also
+        sends the trajectories to the output folder. Unset arguments come from the config's
+        ``training`` section.
+
+        Example:
+            >>> engine = ray.get_actor("engine", namespace="rayrollout")  # doctest: +SKIP
+            >>> result = ray.get(engine.generate.remote(tasks, n=8))  # doctest: +SKIP
+            >>> [(g.task_id, g.reward_mean, g.reward_std) for g in result.groups]  # doctest: +SKIP
+        """
+        from rayrollout.tasks import parse_task_row
+
+        settings = self.config.training
+        parsed = [
+            t
+            if isinstance(t, Task)
+            else parse_task_row(t, default_environment=self.config.environment, line=i)
+            for i, t in enumerate(tasks, start=1)
+        ]
+        keep = settings.write_trajectories if write is None else write
+        dynamic = settings.dynamic_sampling if dynamic_sampling is None else dynamic_sampling
+        extra = settings.max_extra_groups if max_extra_groups is None else max_extra_groups
+        result, episodes = await generate_groups(
+            parsed, n, lambda specs: self._run_specs(specs, keep), dynamic, batch_size, extra
+        )
+        self.sampling.add(result, episodes)
+        return result
+
+    async def pause(self, mode: PauseMode | None = None) -> dict[str, Any]:
+        """Hold every new model call; calls in flight per ``mode`` (default: config's
+        ``training.pause_mode``): 'wait', 'abort_and_retry' or 'continue'."""
+        return await self.weights.pause(mode)
+
+    async def resume(self) -> dict[str, Any]:
+        """Let model calls go out again, under the current policy version."""
+        return await self.weights.resume()
+
+    async def update_weights(
+        self, path: str | None = None, version: int | None = None
+    ) -> dict[str, Any]:
+        """Load a checkpoint folder (absolute path, safetensors) into every policy replica
+        and move to ``version`` (default: the current one + 1); pauses around it unless
+        already paused. Without ``path`` only the version moves (scripted policy, or a
+        server the trainer updated itself)."""
+        return await self.weights.update_weights(path, version)
+
+    async def stats(self) -> dict[str, Any]:
+        """Episodes done and in flight, throughput, reward, errors, per environment; the
+        policy version and calls held or aborted; dynamic sampling counts."""
+        snapshot = self.stats_snapshot()
+        agents = await asyncio.gather(
+            *(agent.policy_calls.remote() for agent in self.agents), return_exceptions=True
+        )
+        calls: dict[str, int] = {}
+        for answer in agents:
+            if isinstance(answer, dict):
+                for key in ("in_flight", "calls", "held", "aborted", "stale_restarts"):
+                    calls[key] = calls.get(key, 0) + answer[key]
+        snapshot["policy_calls"] = calls
+        return snapshot
+
+    def stats_snapshot(self) -> dict[str, Any]:
+        """``stats()`` without asking the agents (no awaits)."""
+        snapshot = self.stats.summary()
+        snapshot["queued"] = self.queue.qsize()
+        snapshot["rows_written"] = self.writer.rows_written
+        snapshot["policy"] = self.weights.snapshot()
+        snapshot["dynamic_sampling"] = self.sampling.model_dump()
+        return snapshot
+
+    async def _run_specs(self, specs: list[EpisodeSpec], write: bool) -> list[dict[str, Any]]:
+        """Run episodes through the queue and hand their rows back (in any order)."""
+        waiter = _Waiter(specs, write)
+        for spec in specs:
+            self.waiters[id(spec)] = waiter
+        try:
+            await self.submit(specs)
+            return await waiter.done
+        finally:
+            for spec in specs:
+                self.waiters.pop(id(spec), None)
+
+    def _deliver(self, chunk: list[EpisodeSpec], rows: list[dict[str, Any]]) -> list[dict]:
+        """Give generate() callers their rows; returns the rows to write."""
+        to_write = []
+        for spec, row in zip(chunk, rows, strict=False):
+            waiter = self.waiters.pop(id(spec), None)
+            if waiter is None:
+                to_write.append(row)
+                continue
+            waiter.add(row)
+            if waiter.write:
+                to_write.append(row)
+        return to_write
+
     async def _ensure_environment(self, name: str) -> None:
         """Deploy a Serve-hosted environment the first time a task needs it."""
         async with self.env_lock:
@@ -199,7 +316,7 @@ class EngineActor:
             self.stats.add(rows)
             self.metrics.on_rows(rows, self.stats.in_flight, self.writer.buffered_rows)
             try:
-                await self._write(rows)
+                await self._write(self._deliver(chunk, rows))
             except Exception:
                 pass  # self.failure holds it; finish() raises it to the driver
             finally:
@@ -212,7 +329,7 @@ class EngineActor:
         error = ""
         for attempt in range(_AGENT_CALL_ATTEMPTS):
             try:
-                return await agent.run.remote(chunk)
+                return await agent.run.remote(chunk, self.weights.state())
             except (ActorDiedError, ActorUnavailableError) as exc:
                 error = f"agent actor unavailable after {attempt + 1} attempts: {exc}"
                 await asyncio.sleep(0.5 * 2**attempt)
@@ -238,3 +355,18 @@ class EngineActor:
                 await self._write([])
             except Exception:
                 return  # self.failure holds it; finish() raises it to the driver
+
+
+class _Waiter:
+    """Rows of one ``generate`` round, collected as their chunks come back."""
+
+    def __init__(self, specs: list[EpisodeSpec], write: bool) -> None:
+        self.specs = specs  # keeps the specs alive, so their ids stay unique while waited on
+        self.write = write
+        self.rows: list[dict[str, Any]] = []
+        self.done: asyncio.Future[list[dict[str, Any]]] = asyncio.get_running_loop().create_future()
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        if len(self.rows) == len(self.specs) and not self.done.done():
+            self.done.set_result(self.rows)

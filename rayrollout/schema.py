@@ -138,6 +138,17 @@ class Turn(_Model):
     )
     started_at: float = Field(default=0.0, description="Unix time the call started.")
     seconds: float = Field(default=0.0, description="Wall time of the call, retries included.")
+    policy_version: int = Field(
+        default=0,
+        description="Policy weights version the call was sent under (rows written before "
+        "the field existed read as 0).",
+    )
+
+    @field_validator("policy_version", mode="before")
+    @classmethod
+    def _missing_version_is_zero(cls, value: Any) -> Any:
+        # Parquet parts written before the field existed read back with nulls here.
+        return 0 if value is None else value
 
 
 class TimelineEvent(_Model):
@@ -185,7 +196,10 @@ class Trajectory(_Model):
     environment: str
     agent: str = Field(default="", description="Name of the agent actor that ran the episode.")
     model: str = Field(default="", description="Policy model name.")
-    policy_version: int = Field(default=0, description="Policy weights version that generated it.")
+    policy_version: int = Field(
+        default=0,
+        description="Policy weights version of its first model call (each turn records its own).",
+    )
     messages: list[Message] = Field(default_factory=list)
     tools: Annotated[list[dict[str, Any]], JsonColumn] = Field(
         default_factory=list, description="Tool schemas offered to the model."

@@ -91,6 +91,31 @@ class RunStats:
                     if slot < _SAMPLE_SIZE:
                         stats.seconds_sample[slot] = seconds
 
+    def summary(self) -> dict[str, Any]:
+        """The figures a training loop asks for (``EngineActor.stats``), flat."""
+        elapsed = time.monotonic() - self.started
+        return {
+            "episodes_done": self.total.episodes,
+            "episodes_in_flight": self.in_flight,
+            "episodes_per_s": self.total.episodes / elapsed if elapsed > 0 else 0.0,
+            "elapsed_s": elapsed,
+            "mean_reward": self.total.mean_reward,
+            "errors": self.total.errors,
+            "statuses": dict(self.total.statuses),
+            "by_env": {
+                name: {
+                    "episodes": s.episodes,
+                    "mean_reward": s.mean_reward,
+                    "errors": s.errors,
+                    "statuses": dict(s.statuses),
+                    "turns_per_episode": s.turns / s.episodes if s.episodes else 0.0,
+                    "p50_s": s.percentile(0.5),
+                    "p95_s": s.percentile(0.95),
+                }
+                for name, s in sorted(self.by_env.items())
+            },
+        }
+
     def snapshot(self) -> dict[str, Any]:
         """A picklable view for the driver: totals, per environment, rate."""
         elapsed = time.monotonic() - self.started

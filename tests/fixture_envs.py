@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from rayrollout.environment import Environment, Episode, Verification, tool
 
 
@@ -59,3 +61,18 @@ class CounterEnv(Environment):
 
     async def verify(self, episode: Episode) -> Verification:
         return Verification(reward=1.0 if self.count == 1 else 0.0, details={"count": self.count})
+
+
+class ScheduledRewardEnv(EchoEnv):
+    """Rewards from the task's ``rewards`` list, in turn per task (in this process), so a
+    group's rewards are known in advance; run it inline on one agent. Training-loop tests."""
+
+    name = "scheduled"
+    verified: ClassVar[dict[str, int]] = {}
+
+    async def verify(self, episode: Episode) -> Verification:
+        rewards = episode.task.fields["rewards"]
+        task_id = episode.task.task_id
+        count = ScheduledRewardEnv.verified.get(task_id, 0)
+        ScheduledRewardEnv.verified[task_id] = count + 1
+        return Verification(reward=rewards[count % len(rewards)])

