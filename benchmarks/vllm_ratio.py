@@ -15,8 +15,11 @@ client's), the same sampling (``temperature`` 1.0, ``logprobs`` 0, ``return_toke
 Rounds alternate which client goes first. Prints one JSON object; ``ratio`` = rayrollout's
 generated tokens/s / the bare client's, over all rounds (target >= 0.9).
 
-    python benchmarks/vllm_ratio.py            # 96 episodes x 4 rounds, about 2.5 min on 2 cores
-    python benchmarks/vllm_ratio.py --smoke    # checks it still works (about 1.5 min)
+    python benchmarks/vllm_ratio.py          # 96 episodes x 4 rounds: 2-5 min on 2 cores
+    python benchmarks/vllm_ratio.py --smoke  # checks it still works: 1.5-3 min (vLLM's start)
+
+Each round also reports each side's CPU seconds by role (``cpu_s``: vLLM's processes, the
+client's, Ray's daemons) and how much of the engine's wall time its model calls spanned.
 """
 
 from __future__ import annotations
@@ -29,12 +32,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import CLOCK_TICKS, free_port, start_ray, stop_ray  # noqa: E402
+from common import CLOCK_TICKS, emit, free_port, keep_stdout_for_json, start_ray, stop_ray  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -274,7 +277,7 @@ def main() -> None:
         "--smoke", action="store_true", help="tiny run to check the benchmark works"
     )
     args = parser.parse_args()
-    out = _json_stdout()
+    keep_stdout_for_json()  # Ray's and vLLM's output to stderr, the JSON alone to stdout
     if args.smoke:
         args.episodes, args.concurrency, args.max_tokens, args.rounds = 16, 8, 16, 2
 
@@ -319,18 +322,7 @@ def main() -> None:
             "load_average_1m": round(os.getloadavg()[0], 1),
         }
     )
-    # Not print(): Ray may have replaced builtins.print in this driver (tqdm_ray).
-    out.write(json.dumps(result, indent=2) + "\n")
-    out.flush()
-
-
-def _json_stdout() -> TextIO:
-    """A stdout for the JSON alone; everything else written to fd 1 from now on (Ray prints
-    some of its shutdown messages there, vLLM its logs) goes to stderr."""
-    sys.stdout.flush()
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    return out
+    emit(result)
 
 
 if __name__ == "__main__":
