@@ -1,20 +1,23 @@
 """Agent actors: async Ray actors that each run hundreds of episodes at once.
 
 The engine sends an agent chunks of episodes; the agent runs every episode of a chunk
-concurrently on its event loop and hands the chunk back as rows ready for the writer (one
-Ray call per chunk, not per episode). Environments are resolved lazily: inline ones are
-imported into the agent, Serve-hosted ones are reached through cached deployment handles.
+concurrently on its event loop and hands the chunk back as one Arrow table ready for the
+writer (one Ray call per chunk, not per episode; see ``chunks``). Environments are resolved
+lazily: inline ones are imported into the agent, Serve-hosted ones are reached through
+cached deployment handles.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import ray
 from ray import serve
 
+from rayrollout.chunks import ChunkRows
 from rayrollout.config import RunConfig
 from rayrollout.environment import Environment
 from rayrollout.episode import EpisodeSpec, failed_trajectory, run_episode
@@ -28,6 +31,7 @@ __all__ = ["AgentActor", "agent_name"]
 
 logger = logging.getLogger(__name__)
 _EPISODE_ATTEMPTS = 3  # tries of an episode whose environment replica died mid-episode
+_LINGER_S = 0.005  # episodes of a chunk finishing this close together go back as one batch
 
 
 def agent_name(index: int) -> str:
@@ -117,6 +121,32 @@ class AgentRunner:
             self.gate.sync(*policy_state)
         return list(await asyncio.gather(*(self.run_one(spec) for spec in specs)))
 
+    async def stream(
+        self,
+        specs: list[EpisodeSpec],
+        policy_state: tuple[int, bool] | None = None,
+        linger_s: float = _LINGER_S,
+    ) -> AsyncIterator[tuple[list[int], list[dict[str, Any]]]]:
+        """Run a chunk of episodes concurrently; yield ``(indices, rows)`` as they finish.
+
+        A chunk's slow episode no longer holds the finished ones back: with episode times as
+        uneven as RL rollouts' (a long tool call, a model that talks for ten turns), waiting
+        for a whole chunk left most of its slots idle. Episodes finishing within
+        ``linger_s`` of each other go back together, so a burst costs one Ray message.
+        """
+        if policy_state is not None:
+            self.gate.sync(*policy_state)
+        running = {
+            asyncio.ensure_future(self.run_one(spec)): index for index, spec in enumerate(specs)
+        }
+        while running:
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            if linger_s and len(done) < len(running):
+                await asyncio.sleep(linger_s)
+                done = {task for task in running if task.done()}
+            indices = [running.pop(task) for task in done]
+            yield indices, [task.result() for task in done]
+
 
 @ray.remote(max_restarts=-1, max_task_retries=0)
 class AgentActor:
@@ -128,8 +158,10 @@ class AgentActor:
 
     async def run(
         self, specs: list[EpisodeSpec], policy_state: tuple[int, bool] | None = None
-    ) -> list[dict[str, Any]]:
-        return await self.runner.run(specs, policy_state)
+    ) -> AsyncIterator[ChunkRows]:
+        """A Ray streaming generator: each finished batch of the chunk goes back at once."""
+        async for indices, rows in self.runner.stream(specs, policy_state):
+            yield ChunkRows.from_rows(rows, indices)
 
     async def pause(self, mode: PauseMode) -> int:
         """Hold this agent's new model calls (see ``policy_gate``); returns calls in flight."""

@@ -2,24 +2,27 @@
 
 Named ``engine`` in the run's namespace, so drivers and training loops find it with
 ``ray.get_actor("engine", namespace=NS)``. Work arrives through ``submit`` (which waits while
-the queue is full: backpressure, not timeouts); dispatch workers take chunks off the queue,
-send each to an agent in one Ray call, and pass the finished rows to the writer. A chunk's
-rows reach the writer only when the whole chunk is back, so a retried chunk never
-duplicates a row.
+the queue is full: backpressure, not timeouts); a feeder takes chunks off the queue as
+episode slots (``concurrency``) free up and sends each to the least-loaded agent in one Ray
+call. The agent streams a chunk's rows back as its episodes finish (a Ray streaming
+generator), so a slow episode never holds its chunk's finished slots; each batch goes to
+the writer as it arrives. If the agent dies, only the episodes it had not yet handed back
+are sent again, so no row is written twice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from typing import Any
 
+import pyarrow as pa
 import ray
 from ray import serve
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
 from rayrollout.agent import AgentActor, agent_name, resolve_hosting
+from rayrollout.chunks import ChunkRows
 from rayrollout.config import RunConfig
 from rayrollout.episode import EpisodeSpec, failed_trajectory
 from rayrollout.groups import GenerateResult, SamplingCounts, generate_groups
@@ -46,8 +49,9 @@ logger = logging.getLogger(__name__)
 
 
 def chunk_size(concurrency: int, num_agents: int) -> int:
-    """Episodes per agent call: enough to amortize the call, few enough to keep agents busy."""
-    return max(1, min(16, concurrency // (num_agents * 4)))
+    """Most episodes per agent call: enough to amortize the call, few enough to spread the
+    work over the agents."""
+    return max(1, min(32, concurrency // (num_agents * 4)))
 
 
 @ray.remote(num_cpus=0, max_concurrency=10_000)
@@ -81,6 +85,9 @@ class EngineActor:
         self.env_lock = asyncio.Lock()
         self.write_lock = asyncio.Lock()
         self.workers: list[asyncio.Task[None]] = []
+        self.calls: set[asyncio.Task[None]] = set()  # agent calls in flight
+        self.load = [0] * len(self.agents)  # episodes in flight per agent
+        self.slots: asyncio.Semaphore | None = None
         self.flusher: asyncio.Task[None] | None = None
         self.failure: BaseException | None = None
         self.submitted = 0
@@ -96,11 +103,8 @@ class EngineActor:
         """Wait for the agents and open the output; returns the agents' names."""
         names = await asyncio.gather(*(agent.ready.remote() for agent in self.agents))
         await asyncio.to_thread(self.sink.start)
-        n_workers = math.ceil(self.config.concurrency / self.chunk)
-        self.workers = [
-            asyncio.create_task(self._dispatch(self.agents[i % len(self.agents)]))
-            for i in range(n_workers)
-        ]
+        self.slots = asyncio.Semaphore(self.config.concurrency)
+        self.workers = [asyncio.create_task(self._feed())]
         self.flusher = asyncio.create_task(self._flush_periodically())
         return list(names)
 
@@ -151,7 +155,7 @@ class EngineActor:
 
     async def close(self) -> None:
         """Stop the dispatchers and complete the output (releases the folder's lock)."""
-        for task in [*self.workers, *([self.flusher] if self.flusher else [])]:
+        for task in [*self.workers, *self.calls, *([self.flusher] if self.flusher else [])]:
             task.cancel()
         if self.failure is not None:
             self.sink.failed(self.failure)
@@ -266,18 +270,20 @@ class EngineActor:
             for spec in specs:
                 self.waiters.pop(id(spec), None)
 
-    def _deliver(self, chunk: list[EpisodeSpec], rows: list[dict[str, Any]]) -> list[dict]:
-        """Give generate() callers their rows; returns the rows to write."""
-        to_write = []
-        for spec, row in zip(chunk, rows, strict=False):
-            waiter = self.waiters.pop(id(spec), None)
-            if waiter is None:
-                to_write.append(row)
-                continue
-            waiter.add(row)
-            if waiter.write:
-                to_write.append(row)
-        return to_write
+    def _deliver(self, specs: list[EpisodeSpec], result: ChunkRows) -> pa.Table:
+        """Give generate() callers their rows (``specs`` in the order of ``result``'s rows);
+        returns the rows to write."""
+        waiters = [self.waiters.pop(id(spec), None) for spec in specs]
+        table = result.table()
+        if not any(waiters):  # collect(): the table goes to the writer as it came
+            return table
+        keep = []
+        for index, (waiter, row) in enumerate(zip(waiters, table.to_pylist(), strict=True)):
+            if waiter is not None:
+                waiter.add(row)
+            if waiter is None or waiter.write:
+                keep.append(index)
+        return table.take(keep)
 
     async def _ensure_environment(self, name: str) -> None:
         """Deploy a Serve-hosted environment the first time a task needs it."""
@@ -303,42 +309,69 @@ class EngineActor:
                 await asyncio.to_thread(serve.run, app, name=app_name, route_prefix=route)
             self.ready_envs.add(name)
 
-    async def _dispatch(self, agent: Any) -> None:
+    async def _feed(self) -> None:
+        """Send queued episodes to the least-loaded agent whenever slots are free."""
+        assert self.slots is not None
         while True:
-            chunk = [await self.queue.get()]
-            while len(chunk) < self.chunk and not self.queue.empty():
+            spec = await self.queue.get()
+            await self.slots.acquire()
+            await asyncio.sleep(0)  # batches coming back free their slots first
+            chunk = [spec]
+            while len(chunk) < self.chunk and not self.queue.empty() and not self.slots.locked():
+                await self.slots.acquire()  # free, so it does not wait
                 chunk.append(self.queue.get_nowait())
+            index = min(range(len(self.agents)), key=self.load.__getitem__)
+            self.load[index] += len(chunk)
             self.stats.in_flight += len(chunk)
-            try:
-                rows = await self._run_chunk(agent, chunk)
-            finally:
-                self.stats.in_flight -= len(chunk)
-            self.stats.add(rows)
-            self.metrics.on_rows(rows, self.stats.in_flight, self.writer.buffered_rows)
-            try:
-                await self._write(self._deliver(chunk, rows))
-            except Exception:
-                pass  # self.failure holds it; finish() raises it to the driver
-            finally:
-                self.completed += len(chunk)
-                if self.completed == self.submitted:
-                    self.all_done.set()
+            call = asyncio.create_task(self._run_chunk(index, chunk))
+            self.calls.add(call)
+            call.add_done_callback(self.calls.discard)
 
-    async def _run_chunk(self, agent: Any, chunk: list[EpisodeSpec]) -> list[dict[str, Any]]:
-        """One agent call; a dead or restarting agent gets the chunk again, then errors."""
-        error = ""
+    async def _run_chunk(self, index: int, chunk: list[EpisodeSpec]) -> None:
+        """One streaming agent call; a dead or restarting agent gets the episodes it had not
+        handed back again, then they end as errors."""
+        agent, pending, error = self.agents[index], list(chunk), ""
         for attempt in range(_AGENT_CALL_ATTEMPTS):
+            sent = pending
             try:
-                return await agent.run.remote(chunk, self.weights.state())
+                async for ref in agent.run.remote(sent, self.weights.state()):
+                    result: ChunkRows = await ref
+                    finished = [sent[i] for i in result.indices]
+                    done = {id(spec) for spec in finished}
+                    pending = [spec for spec in pending if id(spec) not in done]
+                    await self._finish(index, finished, result)
+                if not pending:
+                    return
+                error = f"agent ended its call with {len(pending)} episodes unanswered"
+                break
             except (ActorDiedError, ActorUnavailableError) as exc:
                 error = f"agent actor unavailable after {attempt + 1} attempts: {exc}"
                 await asyncio.sleep(0.5 * 2**attempt)
             except Exception as exc:
                 error = f"agent failed: {type(exc).__name__}: {exc}"
                 break
-        return [failed_trajectory(spec, "", error).to_row() for spec in chunk]
+        rows = [failed_trajectory(spec, "", error).to_row() for spec in pending]
+        await self._finish(index, pending, ChunkRows.from_rows(rows, list(range(len(rows)))))
 
-    async def _write(self, rows: list[dict[str, Any]], drain: bool = False) -> None:
+    async def _finish(self, index: int, specs: list[EpisodeSpec], result: ChunkRows) -> None:
+        """Free the slots of finished episodes; count, deliver and write their rows."""
+        assert self.slots is not None
+        self.load[index] -= len(specs)
+        self.stats.in_flight -= len(specs)
+        for _ in specs:
+            self.slots.release()
+        self.stats.add(result.summaries)
+        self.metrics.on_rows(result.summaries, self.stats.in_flight, self.writer.buffered_rows)
+        try:
+            await self._write(self._deliver(specs, result))
+        except Exception:
+            pass  # self.failure holds it; finish() raises it to the driver
+        finally:
+            self.completed += len(specs)
+            if self.completed == self.submitted:
+                self.all_done.set()
+
+    async def _write(self, rows: pa.Table | list[dict[str, Any]], drain: bool = False) -> None:
         async with self.write_lock:
             due = self.writer.add(rows) + (self.writer.drain() if drain else [])
             for table in due:

@@ -106,11 +106,18 @@ class RunMetrics:
             self.submitted.inc(n, tags={**self.base, "environment": environment})
 
     def on_rows(self, rows: list[dict[str, Any]], in_flight: int, buffered: int) -> None:
-        """Record a chunk of finished episodes and the engine's current load."""
+        """Record a chunk of finished episodes (rows or their ``chunks.summarize`` views)
+        and the engine's current load. Counters are summed per chunk: one record per tag set,
+        not per episode (each record costs the engine tens of microseconds)."""
+        finished: Counter[tuple[str, str]] = Counter()
+        tokens: Counter[tuple[str, str]] = Counter()
         for row in rows:
-            tags = {**self.base, "environment": row["environment"]}
+            env = row["environment"]
+            tags = {**self.base, "environment": env}
             m = row["metrics"]
-            self.finished.inc(1, tags={**tags, "status": row["status"]})
+            finished[env, row["status"]] += 1
+            tokens[env, "in"] += m["tokens_in"]
+            tokens[env, "out"] += m["tokens_out"]
             self.reward.observe(row["reward"], tags=tags)
             self.episode_seconds.observe(m["seconds_total"], tags=tags)
             for turn in row["turns"]:
@@ -122,9 +129,10 @@ class RunMetrics:
                     )
             if m["seconds_verify"]:
                 self.verify_seconds.observe(m["seconds_verify"], tags=tags)
-            if m["tokens_in"]:
-                self.tokens.inc(m["tokens_in"], tags={**tags, "direction": "in"})
-            if m["tokens_out"]:
-                self.tokens.inc(m["tokens_out"], tags={**tags, "direction": "out"})
+        for (env, status), n in finished.items():
+            self.finished.inc(n, tags={**self.base, "environment": env, "status": status})
+        for (env, direction), n in tokens.items():
+            if n:
+                self.tokens.inc(n, tags={**self.base, "environment": env, "direction": direction})
         self.in_flight.set(in_flight, tags=self.base)
         self.buffered.set(buffered, tags=self.base)

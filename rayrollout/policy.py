@@ -1,31 +1,37 @@
 """Policy calls over the OpenAI protocol (Chat Completions or the Responses API).
 
 One ``PolicyClient`` per agent actor shares one connection pool across all its episodes.
-Retries with backoff on 429, 5xx, timeouts and connection errors are the ``openai`` client's
-own; an answer that is not a usable completion (garbage JSON) is retried here with the
-same limit. What is left after them becomes ``PolicyError`` or ``PolicyTimeout``, which the
-episode records as its status. The API key is read from the environment and never appears in errors.
+Chat Completions and ``/completions`` (token ids) go through ``policy_http`` (aiohttp and
+orjson, the ``openai`` client's retry rules: profiled, its typed layers cost more CPU than
+the HTTP itself); the Responses API goes through the ``openai`` client. Either retries 429,
+5xx, timeouts and connection errors with backoff; an answer that is not a usable completion
+(garbage JSON) is retried here with the same limit. What is left after them becomes
+``PolicyError`` or ``PolicyTimeout``, which the episode records as its status. The API key
+is read from the environment and never appears in errors.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import random
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import httpx2
 import openai
-from openai.types import Completion
-from openai.types.chat import ChatCompletion
 
 from rayrollout.config import PolicyConfig
 from rayrollout.convert import (
     chat_tools_to_responses,
     messages_to_responses_input,
     responses_output_to_message,
+)
+from rayrollout.policy_http import (
+    HttpStatusError,
+    HttpTimeout,
+    HttpTransportError,
+    PolicyHttp,
+    backoff_s,
 )
 from rayrollout.schema import FunctionCall, Message, SamplingParams, ToolCall, Turn
 from rayrollout.tokens import (
@@ -59,28 +65,45 @@ class PolicyClient:
     def __init__(self, config: PolicyConfig, base_url: str, max_connections: int = 1000) -> None:
         self.config = config
         self.base_url = base_url
-        limits = httpx2.Limits(
-            max_connections=max_connections, max_keepalive_connections=max_connections
+        self.max_connections = max_connections
+        self.api_key = os.environ.get(config.api_key_env) or "not-needed"
+        self.http = PolicyHttp(
+            base_url, self.api_key, config.timeout_s, config.max_retries, max_connections
         )
-        self.client = openai.AsyncOpenAI(
-            base_url=base_url,
-            api_key=os.environ.get(config.api_key_env) or "not-needed",
-            timeout=config.timeout_s,
-            max_retries=config.max_retries,
-            # httpx's pool scans every connection on each request: at hundreds of
-            # concurrent episodes it dominated the agent's CPU. aiohttp's does not.
-            http_client=openai.DefaultAioHttpClient(timeout=config.timeout_s, limits=limits),
-        )
-
+        self._openai: openai.AsyncOpenAI | None = None  # the Responses API only
         self._delta_renderer: DeltaRenderer | None = None
 
+    @property
+    def openai_client(self) -> openai.AsyncOpenAI:
+        if self._openai is None:
+            import httpx2
+
+            # httpx's pool scans every connection on each request: at hundreds of
+            # concurrent episodes it dominated the agent's CPU. aiohttp's does not.
+            limits = httpx2.Limits(
+                max_connections=self.max_connections,
+                max_keepalive_connections=self.max_connections,
+            )
+            self._openai = openai.AsyncOpenAI(
+                base_url=self.base_url,
+                api_key=self.api_key,
+                timeout=self.config.timeout_s,
+                max_retries=self.config.max_retries,
+                http_client=openai.DefaultAioHttpClient(
+                    timeout=self.config.timeout_s, limits=limits
+                ),
+            )
+        return self._openai
+
     async def close(self) -> None:
-        await self.client.close()
+        await self.http.close()
+        if self._openai is not None:
+            await self._openai.close()
 
     def _brief(self, text: str) -> str:
         """Server text for an error message, short, with the API key blanked: a server may
         echo the key it rejected ("Incorrect API key provided: sk-...")."""
-        key = self.client.api_key
+        key = self.api_key
         if key and key != "not-needed":
             text = text.replace(key, "[api key]")
         return _brief(text)
@@ -124,7 +147,7 @@ class PolicyClient:
                     raise PolicyError(
                         f"{exc} (after {self.config.max_retries} retries)"
                     ) from exc.__cause__
-                await asyncio.sleep(_backoff_s(attempt))
+                await asyncio.sleep(backoff_s(attempt))
         turn.started_at = started
         turn.seconds = time.time() - started
         return PolicyReply(message, turn)
@@ -149,15 +172,25 @@ class PolicyClient:
             return await self._chat(messages, tools, sampling, headers, tool_choice)
         except TemplateError as exc:
             raise PolicyError(str(exc)) from exc
-        except openai.APITimeoutError as exc:
+        except (HttpTimeout, openai.APITimeoutError) as exc:
             raise PolicyTimeout(
                 f"policy call to {self.base_url} timed out after {self.config.timeout_s}s "
                 f"({self.config.max_retries} retries)"
+            ) from exc
+        except HttpStatusError as exc:
+            raise PolicyError(
+                f"policy server {self.base_url} answered HTTP {exc.status}: "
+                f"{self._brief(exc.message)}"
             ) from exc
         except openai.APIStatusError as exc:
             raise PolicyError(
                 f"policy server {self.base_url} answered HTTP {exc.status_code}: "
                 f"{self._brief(exc.message)}"
+            ) from exc
+        except HttpTransportError as exc:
+            raise PolicyError(
+                f"policy call to {self.base_url} failed after {self.config.max_retries} "
+                f"retries: {self._brief(str(exc))}"
             ) from exc
         except openai.APIError as exc:
             raise PolicyError(
@@ -192,49 +225,8 @@ class PolicyClient:
         if cfg.return_token_ids:
             request["logprobs"] = True
             extra_body["return_token_ids"] = True
-        # client.post (the openai client's documented route for raw requests) sends the body
-        # as built: chat.completions.create re-walks every message and tool schema of the
-        # growing conversation on each call, about a fifth of the agent's CPU. Retries,
-        # timeouts and typed parsing of the answer are the same.
-        response = await self.client.post(
-            "/chat/completions",
-            cast_to=ChatCompletion,
-            body={**request, **extra_body},
-            options={"headers": headers} if headers else {},
-        )
-        if not response.choices:
-            raise _UnusableAnswer(f"policy server {self.base_url} returned no choices")
-        choice = response.choices[0]
-        calls = [
-            ToolCall(
-                id=c.id,
-                function=FunctionCall(name=c.function.name, arguments=c.function.arguments or ""),
-            )
-            for c in choice.message.tool_calls or []
-            if c.type == "function"
-        ]
-        message = Message(
-            role="assistant", content=choice.message.content, tool_calls=calls or None
-        )
-        extra = response.model_extra or {}
-        choice_extra = choice.model_extra or {}
-        logprobs = (
-            [t.logprob for t in choice.logprobs.content]
-            if choice.logprobs and choice.logprobs.content
-            else []
-        )
-        usage = response.usage
-        turn = Turn(
-            prompt_token_ids=extra.get("prompt_token_ids")
-            or choice_extra.get("prompt_token_ids")
-            or [],
-            completion_token_ids=choice_extra.get("token_ids") or [],
-            logprobs=logprobs,
-            finish_reason=choice.finish_reason,
-            prompt_tokens=usage.prompt_tokens if usage else 0,
-            completion_tokens=usage.completion_tokens if usage else 0,
-        )
-        return message, turn
+        body = await self.http.post("/chat/completions", {**request, **extra_body}, headers)
+        return _chat_reply(body, self.base_url)
 
     async def _responses(
         self,
@@ -257,7 +249,7 @@ class PolicyClient:
         if tools:
             request["tools"] = chat_tools_to_responses(tools)
             request["tool_choice"] = tool_choice
-        response = await self.client.responses.create(
+        response = await self.openai_client.responses.create(
             **request, extra_body=cfg.extra_body or None, extra_headers=headers
         )
         output = [item.model_dump() for item in response.output]
@@ -303,32 +295,29 @@ class PolicyClient:
         body.pop("chat_template_kwargs", None)  # used for rendering, not by /completions
         if tools and tool_choice == "required":
             body["response_format"] = tool_call_structural_tag(tools)
-        response = await self.client.post(
-            "/completions",
-            cast_to=Completion,
-            body=body,
-            options={"headers": headers} if headers else {},
-        )
-        if not response.choices:
+        answer = await self.http.post("/completions", body, headers)
+        choices = answer.get("choices")
+        if not choices:
             raise _UnusableAnswer(f"policy server {self.base_url} returned no choices")
-        choice = response.choices[0]
-        extra, choice_extra = response.model_extra or {}, choice.model_extra or {}
+        choice = choices[0]
+        text = choice.get("text") or ""
         if tools and tool_choice != "none":
-            content, calls = parse_hermes_tool_calls(choice.text)
+            content, calls = parse_hermes_tool_calls(text)
         else:
-            content, calls = choice.text, []
-        usage = response.usage
+            content, calls = text, []
+        usage = answer.get("usage") or {}
+        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
         turn = Turn(
             # What the server says the model saw: a server that changed the ids (a BOS
             # added, say) shows up as a token mismatch of the episode.
-            prompt_token_ids=choice_extra.get("prompt_token_ids")
-            or extra.get("prompt_token_ids")
+            prompt_token_ids=choice.get("prompt_token_ids")
+            or answer.get("prompt_token_ids")
             or prompt_ids,
-            completion_token_ids=choice_extra.get("token_ids") or [],
-            logprobs=list(choice.logprobs.token_logprobs or []) if choice.logprobs else [],
-            finish_reason="tool_calls" if calls else choice.finish_reason,
-            prompt_tokens=usage.prompt_tokens if usage else len(prompt_ids),
-            completion_tokens=usage.completion_tokens if usage else 0,
+            completion_token_ids=choice.get("token_ids") or [],
+            logprobs=list(logprobs),
+            finish_reason="tool_calls" if calls else choice.get("finish_reason"),
+            prompt_tokens=usage.get("prompt_tokens") or len(prompt_ids),
+            completion_tokens=usage.get("completion_tokens") or 0,
         )
         return Message(role="assistant", content=content, tool_calls=calls or None), turn
 
@@ -346,9 +335,35 @@ class _UnusableAnswer(PolicyError):
     """The server answered 200 with something that is not a completion (worth a retry)."""
 
 
-def _backoff_s(attempt: int) -> float:
-    """Seconds before retry ``attempt + 1``: exponential from 0.25 s, capped, with jitter."""
-    return min(8.0, 0.25 * 2**attempt) * random.uniform(0.75, 1.0)
+def _chat_reply(body: dict[str, Any], base_url: str) -> tuple[Message, Turn]:
+    """The assistant message and turn record of a Chat Completions answer (plain JSON)."""
+    choices = body.get("choices")
+    if not choices:
+        raise _UnusableAnswer(f"policy server {base_url} returned no choices")
+    choice = choices[0]
+    answer = choice["message"]
+    calls = [
+        ToolCall(
+            id=c["id"],
+            function=FunctionCall(
+                name=c["function"]["name"], arguments=c["function"].get("arguments") or ""
+            ),
+        )
+        for c in answer.get("tool_calls") or []
+        if c.get("type", "function") == "function"
+    ]
+    message = Message(role="assistant", content=answer.get("content"), tool_calls=calls or None)
+    logprobs = choice.get("logprobs") or {}
+    usage = body.get("usage") or {}
+    turn = Turn(
+        prompt_token_ids=body.get("prompt_token_ids") or choice.get("prompt_token_ids") or [],
+        completion_token_ids=choice.get("token_ids") or [],
+        logprobs=[t["logprob"] for t in logprobs.get("content") or []],
+        finish_reason=choice.get("finish_reason"),
+        prompt_tokens=usage.get("prompt_tokens") or 0,
+        completion_tokens=usage.get("completion_tokens") or 0,
+    )
+    return message, turn
 
 
 def _brief(text: str, limit: int = 300) -> str:

@@ -166,11 +166,13 @@ class PartWriter:
         self.paths: list[Path] = []
         self.last_flush = time.monotonic()
 
-    def add(self, rows: list[dict[str, Any]]) -> list[pa.Table]:
-        """Buffer rows; return the tables now due to be written (possibly none)."""
-        if rows:
-            self.buffer.append(pa.Table.from_pylist(rows, schema=SCHEMA))
-            self.buffered_rows += len(rows)
+    def add(self, rows: list[dict[str, Any]] | pa.Table) -> list[pa.Table]:
+        """Buffer rows (dicts, or a table of ``SCHEMA``); return the tables now due to be
+        written (possibly none)."""
+        table = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(rows, schema=SCHEMA)
+        if table.num_rows:
+            self.buffer.append(table)
+            self.buffered_rows += table.num_rows
         due = []
         while self.buffered_rows >= self.rows_per_part:
             due.append(self._take(self.rows_per_part))

@@ -42,7 +42,8 @@ def test_documented_metrics_appear_with_sensible_values(tmp_path, serve_session,
                 environment="echo",
                 status="ok",
             )
-            if finished >= 12:
+            # Metrics are exported in periodic batches: wait for the last ones recorded too.
+            if finished >= 12 and all(f"ray_{name}" in text for name in METRIC_NAMES):
                 break
             time.sleep(2)
     for name in METRIC_NAMES:
