@@ -26,6 +26,7 @@ from rayrollout.nemo_gym import NemoGymConnections, RemoteEnvironment
 from rayrollout.policy import PolicyClient
 from rayrollout.policy_gate import GatedPolicy, PauseMode, PolicyGate
 from rayrollout.registry import load_environment
+from rayrollout.serve_batching import BatchingHandle
 
 __all__ = ["AgentActor", "agent_name"]
 
@@ -60,6 +61,7 @@ class AgentRunner:
         self.gate = PolicyGate(config.training.max_staleness)
         self.policy = GatedPolicy(client, self.gate)
         self.handles: dict[str, Any] = {}
+        self.batchers: dict[str, BatchingHandle] = {}
         self.remote = NemoGymConnections()
 
     def _env_class(self, name: str) -> type[Environment]:
@@ -83,7 +85,10 @@ class AgentRunner:
             # call for the small payloads environments exchange (notes/ray-costs.md).
             handle = serve.get_app_handle(app).options(_by_reference=False)
             self.handles[env_name] = handle
-        return ServeSession(handle, env_cls.is_stateful(), episode_id, spec.task)
+            self.batchers[env_name] = BatchingHandle(handle)
+        return ServeSession(
+            handle, env_cls.is_stateful(), episode_id, spec.task, self.batchers[env_name]
+        )
 
     async def run_one(self, spec: EpisodeSpec) -> dict[str, Any]:
         """One episode; played again from the start (a new episode id) when its environment

@@ -384,6 +384,7 @@ class EngineActor:
     async def _flush_periodically(self) -> None:
         while True:
             await asyncio.sleep(min(1.0, self.config.output.flush_interval_s))
+            self.metrics.set_load(self.stats.in_flight, self.writer.buffered_rows)
             try:
                 await self._write([])
             except Exception:

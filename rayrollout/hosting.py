@@ -12,9 +12,10 @@ handle with that key as ``session_id``, so with several replicas every call of o
 episode still reaches the replica holding its state.
 
 Hops matter (a Serve handle call costs about 1 ms of caller CPU here): a stateless
-environment on Serve costs one call per tool call plus one for verify, with the task sent
-along; a stateful one adds ``open``/``close`` and pins every call of the episode to one
-replica through Serve's consistent-hash router keyed by the episode id.
+environment on Serve sends the task along with each tool call and verify, and the agent
+coalesces the calls its episodes make at the same moment into one handle call
+(``serve_batching``); a stateful one adds ``open``/``close`` and pins every call of the
+episode to one replica through Serve's consistent-hash router keyed by the episode id.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from rayrollout.nemo_gym_routes import NemoGymRoutes, http_app
 from rayrollout.placement import cpu_actor_options
 from rayrollout.registry import load_environment
 from rayrollout.schema import Task
+from rayrollout.serve_batching import BatchingHandle, run_batch
 
 __all__ = [
     "EnvSession",
@@ -88,12 +90,18 @@ class ServeSession:
     """The environment instance lives on a Serve replica, reached by a deployment handle."""
 
     def __init__(
-        self, handle: DeploymentHandle, stateful: bool, episode_id: str, task: Task
+        self,
+        handle: DeploymentHandle,
+        stateful: bool,
+        episode_id: str,
+        task: Task,
+        batcher: BatchingHandle | None = None,
     ) -> None:
         self.stateful = stateful
         self.episode_id = episode_id
         self.task = task
         self.handle = handle.options(session_id=episode_id) if stateful else handle
+        self.batcher = None if stateful else batcher  # shared by the agent's episodes
         self.lost = False  # the replica died or restarted mid-episode: the agent re-runs it
 
     def _lost(self, during: str, exc: BaseException) -> EnvironmentLost:
@@ -114,12 +122,16 @@ class ServeSession:
         try:
             if self.stateful:
                 return await self.handle.call_tool.remote(self.episode_id, None, name, arguments)
+            if self.batcher is not None:
+                return await self.batcher.call("call_tool", None, self.task, name, arguments)
             return await self.handle.call_tool.remote(None, self.task, name, arguments)
         except (RayActorError, SessionNotOpen) as exc:
             raise self._lost(f"tool '{name}'", exc) from exc
 
     async def verify(self, episode: Episode) -> Verification:
         try:
+            if self.batcher is not None:
+                return await self.batcher.call("verify", None, episode)
             return await self.handle.verify.remote(
                 self.episode_id if self.stateful else None, episode
             )
@@ -174,6 +186,10 @@ class EnvironmentServer(NemoGymRoutes):
     async def verify(self, episode_id: str | None, episode: Episode) -> Verification:
         env = self._env(episode_id, episode.task if episode_id is None else None)
         return await env.verify(episode)
+
+    async def batch(self, calls: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
+        """Stateless calls of many episodes in one request (``serve_batching``)."""
+        return await run_batch(self, calls)
 
     async def close(self, episode_id: str) -> None:
         env = self.sessions.pop(episode_id, None)

@@ -134,5 +134,10 @@ class RunMetrics:
         for (env, direction), n in tokens.items():
             if n:
                 self.tokens.inc(n, tags={**self.base, "environment": env, "direction": direction})
+        self.set_load(in_flight, buffered)
+
+    def set_load(self, in_flight: int, buffered: int) -> None:
+        """Set the gauges. The engine also calls this every second: Ray's metrics agent
+        drops a gauge not set again within two export intervals."""
         self.in_flight.set(in_flight, tags=self.base)
         self.buffered.set(buffered, tags=self.base)

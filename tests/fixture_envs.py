@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import ClassVar
 
 from rayrollout.environment import Environment, Episode, Verification, tool
@@ -76,3 +77,13 @@ class ScheduledRewardEnv(EchoEnv):
         count = ScheduledRewardEnv.verified.get(task_id, 0)
         ScheduledRewardEnv.verified[task_id] = count + 1
         return Verification(reward=rewards[count % len(rewards)])
+
+
+class SleepyEnv(EchoEnv):
+    """Its verifier takes the task's ``sleep_s`` seconds: a slow episode among fast ones."""
+
+    name = "sleepy"
+
+    async def verify(self, episode: Episode) -> Verification:
+        await asyncio.sleep(float(episode.task.fields.get("sleep_s", 0.0)))
+        return await super().verify(episode)

@@ -1,0 +1,51 @@
+"""An agent hands finished episodes back while the rest of their chunk still runs."""
+
+from __future__ import annotations
+
+import time
+
+from flaky_policy import FlakyPolicy
+
+from rayrollout import RunConfig
+from rayrollout.agent import AgentRunner
+from rayrollout.chunks import ChunkRows
+from rayrollout.episode import EpisodeSpec
+from rayrollout.schema import Trajectory
+from rayrollout.tasks import parse_task_row
+
+
+async def test_a_slow_episode_does_not_hold_back_the_rest_of_its_chunk(tmp_path):
+    sleeps = [0.0, 1.5, 0.0, 0.0]
+    specs = [
+        EpisodeSpec(
+            parse_task_row(
+                {"task_id": f"s{i}", "prompt": f"say {i}", "environment": "sleepy", "sleep_s": s}
+            )
+        )
+        for i, s in enumerate(sleeps)
+    ]
+    with FlakyPolicy(fault_rate=0.0) as flaky:
+        config = RunConfig.model_validate(
+            {
+                "environments": {"sleepy": {"path": "fixture_envs:SleepyEnv"}},
+                "policy": {"kind": "openai", "base_url": flaky.base_url},
+                "output": {"dir": str(tmp_path)},
+            }
+        )
+        runner = AgentRunner("agent:test", config, flaky.base_url)
+        started = time.monotonic()
+        batches = []
+        try:
+            async for indices, rows in runner.stream(specs):
+                batches.append((time.monotonic() - started, indices, rows))
+        finally:
+            await runner.policy.close()
+    (first_at, first, _), (last_at, last, last_rows) = batches[0], batches[-1]
+    assert sorted(first) == [0, 2, 3] and first_at < 1.0, batches
+    assert last == [1] and last_at >= 1.5
+    assert [row["task_id"] for row in last_rows] == ["s1"]
+    # What travels back to the engine reads back as the same trajectories.
+    chunk = ChunkRows.from_rows(last_rows, last)
+    [trajectory] = [Trajectory.from_row(row) for row in chunk.rows()]
+    assert trajectory.task_id == "s1" and trajectory.status == "ok" and trajectory.reward == 1.0
+    assert chunk.summaries[0]["status"] == "ok" and chunk.indices == [1]
