@@ -11,7 +11,7 @@ by deployment handles) and ``remote`` (a NeMo Gym resources server by URL: a pla
 server in its own process, ``nemo_gym_server.py``). For ``remote`` the bare loop makes the
 same HTTP calls to the same server (seed, tool, verify, close), and the ratio is to that.
 
-    python benchmarks/overhead.py                 # full run (about 3 minutes)
+    python benchmarks/overhead.py                 # full run (about 1.5 minutes here)
     python benchmarks/overhead.py --smoke         # seconds; CI checks it still works
 """
 
@@ -228,7 +228,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--episodes", type=int, default=3000)
+    parser.add_argument("--episodes", type=int, default=10000)
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--agents", type=int, default=2)
     parser.add_argument(

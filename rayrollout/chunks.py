@@ -29,6 +29,7 @@ _METRIC_FIELDS = (
     "seconds_tools",
     "seconds_verify",
     "seconds_total",
+    "seconds_queued",
     "tokens_in",
     "tokens_out",
 )

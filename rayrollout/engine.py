@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import pyarrow as pa
@@ -138,6 +139,7 @@ class EngineActor:
         self.metrics.on_submit([s.task.environment for s in specs])
         self.all_done.clear()
         for spec in specs:
+            spec.queued_at = time.time()
             await self.queue.put(spec)
 
     async def finish(self) -> dict[str, Any]:
@@ -171,6 +173,7 @@ class EngineActor:
         snapshot = self.stats.snapshot()
         snapshot["rows_written"] = self.writer.rows_written
         snapshot["queued"] = self.queue.qsize()
+        snapshot["writer"] = self.writer.figures()
         return snapshot
 
     # Training-loop interface (issue 5): a trainer finds this actor by name and calls these.
@@ -254,6 +257,7 @@ class EngineActor:
         snapshot = self.stats.summary()
         snapshot["queued"] = self.queue.qsize()
         snapshot["rows_written"] = self.writer.rows_written
+        snapshot["writer"] = self.writer.figures()
         snapshot["policy"] = self.weights.snapshot()
         snapshot["dynamic_sampling"] = self.sampling.model_dump()
         return snapshot

@@ -36,6 +36,7 @@ class EpisodeSpec:
 
     task: Task
     sample_index: int = 0
+    queued_at: float = 0.0  # Unix time the engine queued it (0: not through the engine)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -78,6 +79,8 @@ async def run_episode(
     )
     metrics = trajectory.metrics
     metrics.started_at = time.time()
+    if spec.queued_at:
+        metrics.seconds_queued = max(0.0, metrics.started_at - spec.queued_at)
     episode_id = episode_id or spec.new_episode_id()
     is_set_up = False
     try:

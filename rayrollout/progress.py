@@ -62,8 +62,9 @@ class RunProgress:
 
 
 def summary_table(snapshot: dict[str, Any]) -> Table:
-    """Per environment: episodes, mean reward, turns, tool calls, p50/p95 seconds, the share
-    of wall time spent in model / tools / verify / other, and statuses.
+    """Per environment: episodes, mean reward, turns, tool calls, p50/p95 seconds, mean
+    seconds queued before the start, the share of wall time spent in model / tools / verify
+    / other, and statuses; the writer's time in the caption.
 
     Kept narrow enough for an 80-column terminal: environment names are never cut.
     """
@@ -73,10 +74,11 @@ def summary_table(snapshot: dict[str, Any]) -> Table:
         box=box.SIMPLE_HEAD,
         pad_edge=False,
         collapse_padding=True,
-        caption="time %: share of episode wall time in model / tools / verify / other",
+        caption="queued: mean s waiting for a free slot before the start; time %: share of "
+        "episode wall time in model / tools / verify / other" + _writer_line(snapshot),
     )
     table.add_column("environment", no_wrap=True)
-    for column in ("episodes", "reward", "turns", "tools", "p50/p95 s", "time %"):
+    for column in ("episodes", "reward", "turns", "tools", "p50/p95 s", "queued", "time %"):
         table.add_column(column, justify="right", no_wrap=True)
     table.add_column("statuses", min_width=12)
     rows = [(name, EnvStats.model_validate(s)) for name, s in snapshot["by_env"].items()]
@@ -90,7 +92,18 @@ def summary_table(snapshot: dict[str, Any]) -> Table:
             f"{stats.turns / n:.2f}",
             f"{stats.tool_calls / n:.2f}",
             f"{stats.percentile(0.5):.2f}/{stats.percentile(0.95):.2f}",
+            f"{stats.mean_queued_s:.2f}",
             "/".join(f"{100 * v:.0f}" for v in stats.time_split().values()),
             ", ".join(f"{k}={v}" for k, v in sorted(stats.statuses.items())) or "-",
         )
     return table
+
+
+def _writer_line(snapshot: dict[str, Any]) -> str:
+    writer = snapshot.get("writer")
+    if not writer or not writer["parts"]:
+        return ""
+    return (
+        f"; writer: {writer['rows']} rows in {writer['parts']} parts, "
+        f"{writer['seconds']:.2f} s writing"
+    )

@@ -176,6 +176,11 @@ class EpisodeMetrics(_Model):
     seconds_tools: float = 0.0
     seconds_verify: float = 0.0
     seconds_total: float = 0.0
+    seconds_queued: float = Field(
+        default=0.0,
+        description="Wall time from the engine queueing the episode to its start: waiting "
+        "for a free slot (concurrency) and the agent call.",
+    )
     token_mismatches: int = Field(
         default=0, description="Turns whose prompt ids did not extend the previous turn's ids."
     )

@@ -29,6 +29,7 @@ class EnvStats(BaseModel):
     seconds_tools: float = 0.0
     seconds_verify: float = 0.0
     seconds_total: float = 0.0
+    seconds_queued: float = Field(default=0.0, description="Before the start, summed.")
     seconds_sample: list[float] = Field(default_factory=list)
 
     @property
@@ -48,6 +49,11 @@ class EnvStats(BaseModel):
         split = {k: v / self.seconds_total for k, v in parts.items()}
         split["other"] = max(0.0, 1.0 - sum(split.values()))
         return split
+
+    @property
+    def mean_queued_s(self) -> float:
+        """Mean seconds an episode waited in the engine before it started."""
+        return self.seconds_queued / self.episodes if self.episodes else 0.0
 
     @property
     def errors(self) -> int:
@@ -83,6 +89,7 @@ class RunStats:
                 stats.seconds_tools += metrics["seconds_tools"]
                 stats.seconds_verify += metrics["seconds_verify"]
                 stats.seconds_total += metrics["seconds_total"]
+                stats.seconds_queued += metrics.get("seconds_queued", 0.0)
                 seconds = metrics["seconds_total"]
                 if len(stats.seconds_sample) < _SAMPLE_SIZE:
                     stats.seconds_sample.append(seconds)
@@ -102,6 +109,8 @@ class RunStats:
             "mean_reward": self.total.mean_reward,
             "errors": self.total.errors,
             "statuses": dict(self.total.statuses),
+            "time_split": self.total.time_split(),
+            "mean_queued_s": self.total.mean_queued_s,
             "by_env": {
                 name: {
                     "episodes": s.episodes,
@@ -111,6 +120,8 @@ class RunStats:
                     "turns_per_episode": s.turns / s.episodes if s.episodes else 0.0,
                     "p50_s": s.percentile(0.5),
                     "p95_s": s.percentile(0.95),
+                    "time_split": s.time_split(),
+                    "mean_queued_s": s.mean_queued_s,
                 }
                 for name, s in sorted(self.by_env.items())
             },

@@ -165,6 +165,7 @@ class PartWriter:
         self.rows_written = 0
         self.paths: list[Path] = []
         self.last_flush = time.monotonic()
+        self.seconds_writing = 0.0  # encoding and writing parts (in the engine's threads)
 
     def add(self, rows: list[dict[str, Any]] | pa.Table) -> list[pa.Table]:
         """Buffer rows (dicts, or a table of ``SCHEMA``); return the tables now due to be
@@ -193,10 +194,21 @@ class PartWriter:
         return head.combine_chunks()
 
     def write(self, table: pa.Table) -> Path:
+        started = time.perf_counter()
         path = self.sink.write(table)
+        self.seconds_writing += time.perf_counter() - started
         self.rows_written += table.num_rows
         self.paths.append(path)
         return path
+
+    def figures(self) -> dict[str, Any]:
+        """Parts and rows written so far, and the seconds spent writing them."""
+        return {
+            "parts": len(self.paths),
+            "rows": self.rows_written,
+            "buffered_rows": self.buffered_rows,
+            "seconds": self.seconds_writing,
+        }
 
 
 def written_keys(directory: str | Path, fmt: str) -> set[tuple[str, int]]:

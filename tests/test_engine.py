@@ -158,3 +158,26 @@ def test_each_trajectory_carries_a_replayable_timeline(tmp_path, serve_session):
     assert starts == sorted(starts) and starts[0] >= 0
     assert all(e.seconds >= 0 and e.ok for e in timeline)
     assert timeline[-1].start_s + timeline[-1].seconds <= trajectory.metrics.seconds_total + 0.01
+
+
+def test_time_before_the_start_and_in_the_writer_is_accounted(tmp_path, serve_session):
+    """Two slots for eight slow episodes: the later ones wait, and say how long."""
+    from ray import serve
+
+    slow = {"scripted": {"latency_s": 0.2}}
+    cfg = config(tmp_path, serve_session, namespace="queue-tests", concurrency=2, policy=slow)
+    try:
+        with RolloutEngine(cfg) as engine:
+            result = engine.collect(echo_tasks(8, prefix="queued"))
+            stats = ray.get(engine.engine.stats.remote())
+    finally:
+        serve.delete("queue-tests.policy")
+    queued = sorted(t.metrics.seconds_queued for t in result.trajectories())
+    # Each episode holds a slot for two 0.2 s model calls: the last pair waits three rounds.
+    assert queued[0] < 0.3 and queued[-1] >= 1.0, queued
+    total = result.summary["total"]
+    assert total["seconds_queued"] == pytest.approx(sum(queued), rel=1e-6)
+    assert result.summary["writer"]["rows"] == 8 and result.summary["writer"]["seconds"] > 0
+    assert stats["mean_queued_s"] == pytest.approx(sum(queued) / 8, rel=1e-6)
+    assert set(stats["time_split"]) == {"model", "tools", "verify", "other"}
+    assert stats["time_split"]["model"] > 0.5  # the 0.2 s calls dominate an echo episode
