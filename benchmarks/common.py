@@ -145,6 +145,54 @@ def tree_cpu_seconds(root: int) -> float:
     return total
 
 
+_ROLES = (  # (substring of the command line, role), first match wins
+    ("ray::AgentActor", "agents"),
+    ("ray::EngineActor", "engine"),
+    ("EnvironmentServer", "environment replicas"),
+    ("common.py stub", "policy stub"),
+    ("nemo_gym_server.py", "NeMo Gym server"),
+)
+
+
+def cpu_by_role(roots: list[int]) -> dict[str, float]:
+    """CPU seconds used so far by every live process under ``roots``, summed per role
+    (agents, engine, environment replicas, the stub, the driver, Ray's own daemons)."""
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat = _stat(int(name))
+            if stat:
+                parents[int(name)], cpu[int(name)] = stat
+    totals: dict[str, float] = {}
+    for pid, seconds in cpu.items():
+        node = pid
+        while node and node not in roots:
+            node = parents.get(node, 0)
+        if not node:
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as file:
+                command = file.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        role = "driver" if pid == roots[0] else "ray daemons and workers"
+        for needle, name in _ROLES:
+            if needle in command:
+                role = name
+                break
+        totals[role] = totals.get(role, 0.0) + seconds
+    return totals
+
+
+def cpu_ms_per_episode(before: dict[str, float], after: dict[str, float], n: int) -> dict:
+    """Per-role CPU milliseconds per episode between two ``cpu_by_role`` snapshots."""
+    return {
+        role: round(1000 * (after[role] - before.get(role, 0.0)) / n, 3)
+        for role in sorted(after, key=lambda r: before.get(r, 0.0) - after[r])
+    }
+
+
 _JSON_STDOUT: list[int] = []  # the real stdout, while fd 1 points at stderr
 
 

@@ -27,7 +27,15 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import emit, keep_stdout_for_json, nemo_gym_weather, stub_policy, tree_cpu_seconds  # noqa: E402
+from common import (  # noqa: E402
+    cpu_by_role,
+    cpu_ms_per_episode,
+    emit,
+    keep_stdout_for_json,
+    nemo_gym_weather,
+    stub_policy,
+    tree_cpu_seconds,
+)
 
 PROMPT = "What's the weather like in City {i}?"
 
@@ -208,11 +216,13 @@ def run_engine(
         engine.start()
         engine.collect(warm_up)  # worker processes, connections, the Serve app: not timed
         root = os.getpid()
+        roles0 = cpu_by_role([root, *server_pids])
         cpu0 = tree_cpu_seconds(root) + sum(tree_cpu_seconds(pid) for pid in server_pids)
         start = time.perf_counter()
         result = engine.collect(tasks)
         wall = time.perf_counter() - start
         cpu = tree_cpu_seconds(root) + sum(tree_cpu_seconds(pid) for pid in server_pids) - cpu0
+        by_role = cpu_ms_per_episode(roles0, cpu_by_role([root, *server_pids]), episodes)
     frame = pd.read_parquet([str(p) for p in result.parts], columns=["task_id", "status"])
     assert len(frame) == episodes and (frame["status"] == "ok").all(), frame[
         "status"
@@ -220,6 +230,7 @@ def run_engine(
     return {
         "episodes_per_s": episodes / wall,
         "cpu_ms_per_episode": 1000 * cpu / episodes,
+        "cpu_ms_per_episode_by_process": by_role,
         "seconds": wall,
     }
 
