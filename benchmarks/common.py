@@ -126,8 +126,9 @@ def _stat(pid: int) -> tuple[int, float] | None:
     return int(fields[1]), (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
-def tree_cpu_seconds(root: int) -> float:
-    """CPU seconds used so far by ``root`` and every live descendant (Ray's daemons, workers)."""
+def _processes_under(roots: list[int]) -> dict[int, float]:
+    """CPU seconds used so far by every live process that is one of ``roots`` or descends
+    from one (Ray's daemons and workers included), from /proc."""
     parents: dict[int, int] = {}
     cpu: dict[int, float] = {}
     for name in os.listdir("/proc"):
@@ -135,14 +136,19 @@ def tree_cpu_seconds(root: int) -> float:
             stat = _stat(int(name))
             if stat:
                 parents[int(name)], cpu[int(name)] = stat
-    total = 0.0
+    under = {}
     for pid, seconds in cpu.items():
         node = pid
-        while node and node != root:
+        while node and node not in roots:
             node = parents.get(node, 0)
-        if node == root:
-            total += seconds
-    return total
+        if node:
+            under[pid] = seconds
+    return under
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU seconds used so far by ``root`` and every live descendant (Ray's daemons, workers)."""
+    return sum(_processes_under([root]).values())
 
 
 _ROLES = (  # (substring of the command line, role), first match wins
@@ -157,20 +163,8 @@ _ROLES = (  # (substring of the command line, role), first match wins
 def cpu_by_role(roots: list[int]) -> dict[str, float]:
     """CPU seconds used so far by every live process under ``roots``, summed per role
     (agents, engine, environment replicas, the stub, the driver, Ray's own daemons)."""
-    parents: dict[int, int] = {}
-    cpu: dict[int, float] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            stat = _stat(int(name))
-            if stat:
-                parents[int(name)], cpu[int(name)] = stat
     totals: dict[str, float] = {}
-    for pid, seconds in cpu.items():
-        node = pid
-        while node and node not in roots:
-            node = parents.get(node, 0)
-        if not node:
-            continue
+    for pid, seconds in _processes_under(roots).items():
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as file:
                 command = file.read().replace(b"\0", b" ").decode(errors="replace")

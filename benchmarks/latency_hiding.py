@@ -31,26 +31,11 @@ from common import (  # noqa: E402
     stop_ray,
     stub_policy,
     timed_collect,
-    tree_cpu_seconds,
     weather_tasks,
 )
+from overhead import run_bare  # noqa: E402
 
 TURNS = 2
-
-
-def run_bare(url: str, stub_pid: int, episodes: int, concurrency: int) -> dict[str, float]:
-    """The bare asyncio + aiohttp loop of ``overhead.py`` at the same C, against the same stub."""
-    import asyncio
-    import time
-
-    from overhead import bare_loop
-
-    cpu0 = time.process_time() + tree_cpu_seconds(stub_pid)
-    start = time.perf_counter()
-    asyncio.run(bare_loop(url, episodes, concurrency))
-    wall = time.perf_counter() - start
-    cpu = time.process_time() + tree_cpu_seconds(stub_pid) - cpu0
-    return {"episodes_per_s": episodes / wall, "cpu_ms_per_episode": 1000 * cpu / episodes}
 
 
 def main() -> None:
@@ -84,7 +69,7 @@ def main() -> None:
                     engine.start()
                     engine.collect(weather_tasks(min(c, 200), prefix="warm"))
                     measured = timed_collect(engine, weather_tasks(n), stub_pid)
-                bare = run_bare(url, stub_pid, n, c)
+                bare = run_bare(url, [stub_pid], n, c)  # overhead.py's loop, same C
                 ideal = c / (TURNS * args.latency)
                 results["runs"].append(
                     {

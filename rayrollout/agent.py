@@ -1,8 +1,8 @@
 """Agent actors: async Ray actors that each run hundreds of episodes at once.
 
-The engine sends an agent chunks of episodes; the agent runs every episode of a chunk
-concurrently on its event loop and hands the chunk back as one Arrow table ready for the
-writer (one Ray call per chunk, not per episode; see ``chunks``). Environments are resolved
+The engine sends an agent chunks of episodes (one Ray call per chunk, not per episode); the
+agent runs every episode of a chunk concurrently on its event loop and streams finished
+ones back as Arrow batches ready for the writer (see ``chunks``). Environments are resolved
 lazily: inline ones are imported into the agent, Serve-hosted ones are reached through
 cached deployment handles.
 """
@@ -115,24 +115,15 @@ class AgentRunner:
                 trajectory.error = f"{trajectory.error} (episode tried {attempt} times)"
         return trajectory.to_row()
 
-    async def run(
-        self, specs: list[EpisodeSpec], policy_state: tuple[int, bool] | None = None
-    ) -> list[dict[str, Any]]:
-        """Run a chunk of episodes concurrently; one row per episode, failures included.
-
-        ``policy_state`` (version, paused) is the engine's, for an agent that restarted.
-        """
-        if policy_state is not None:
-            self.gate.sync(*policy_state)
-        return list(await asyncio.gather(*(self.run_one(spec) for spec in specs)))
-
     async def stream(
         self,
         specs: list[EpisodeSpec],
         policy_state: tuple[int, bool] | None = None,
         linger_s: float = _LINGER_S,
     ) -> AsyncIterator[tuple[list[int], list[dict[str, Any]]]]:
-        """Run a chunk of episodes concurrently; yield ``(indices, rows)`` as they finish.
+        """Run a chunk of episodes concurrently; yield ``(indices, rows)`` as they finish,
+        one row per episode, failures included. ``policy_state`` (version, paused) is the
+        engine's, for an agent that restarted.
 
         A chunk's slow episode no longer holds the finished ones back: with episode times as
         uneven as RL rollouts' (a long tool call, a model that talks for ten turns), waiting

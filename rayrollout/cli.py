@@ -1,4 +1,11 @@
-"""The ``rayrollout`` command line: collect, demo, up|status|down, env list|test|tasks."""
+"""The ``rayrollout`` command line: collect, demo, up|status|down, show, report, export,
+env list|test|serve|tasks.
+
+Over 500 lines and still one job: every function here parses flags, turns bad input into a
+one-line error with an exit code, and calls into the module that does the work (``api``,
+``cluster``, ``show``, ``report``, ``export``, ``env_testing``). Keeping the commands in one
+typer app keeps ``--help`` and the shared options (config file, flag overrides) in one place.
+"""
 
 from __future__ import annotations
 

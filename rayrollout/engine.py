@@ -85,7 +85,7 @@ class EngineActor:
         self.ready_envs: set[str] = set()
         self.env_lock = asyncio.Lock()
         self.write_lock = asyncio.Lock()
-        self.workers: list[asyncio.Task[None]] = []
+        self.feeder: asyncio.Task[None] | None = None
         self.calls: set[asyncio.Task[None]] = set()  # agent calls in flight
         self.load = [0] * len(self.agents)  # episodes in flight per agent
         self.slots: asyncio.Semaphore | None = None
@@ -105,7 +105,7 @@ class EngineActor:
         names = await asyncio.gather(*(agent.ready.remote() for agent in self.agents))
         await asyncio.to_thread(self.sink.start)
         self.slots = asyncio.Semaphore(self.config.concurrency)
-        self.workers = [asyncio.create_task(self._feed())]
+        self.feeder = asyncio.create_task(self._feed())
         self.flusher = asyncio.create_task(self._flush_periodically())
         return list(names)
 
@@ -156,9 +156,10 @@ class EngineActor:
         return snapshot
 
     async def close(self) -> None:
-        """Stop the dispatchers and complete the output (releases the folder's lock)."""
-        for task in [*self.workers, *self.calls, *([self.flusher] if self.flusher else [])]:
-            task.cancel()
+        """Stop the feeder and the agent calls; complete the output (releases the lock)."""
+        for task in [self.feeder, *self.calls, self.flusher]:
+            if task is not None:
+                task.cancel()
         if self.failure is not None:
             self.sink.failed(self.failure)
         else:

@@ -7,7 +7,8 @@ never the whole folder at once, and without the ``turns`` column (per-token ids 
 logprobs: most of a row's bytes, and no export needs them). DPO pairs and verl's per-task
 rows need every sample of a task first: a first pass reads only ``task_id``,
 ``sample_index``, ``reward`` and ``status`` and keeps a few numbers per task; a second pass
-converts only the rows it picked.
+converts only the rows it picked. The four formats share that reader and the two passes,
+which is why they live in one module (over 500 lines, mostly the formats' own docs below).
 
 The formats, as their projects define them:
 
