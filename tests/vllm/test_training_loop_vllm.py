@@ -1,7 +1,8 @@
 """The GRPO example (examples/grpo_loop.py) against real vLLM on Ray Serve LLM (CPU, 2 replicas).
 
-Three training steps: the weights really change on every replica (greedy output on a fixed
-prompt differs after each update), the trajectories of step k carry policy version k, and
+Three training steps: the weights really change on every replica (the served logprobs of a
+fixed token sequence move after each update, far past bf16 noise, and every replica serves the
+new checkpoint, not the old one), the trajectories of step k carry policy version k, and
 the trainer's logprobs on the returned ids match vLLM's. Then weight updates while a batch
 is in flight, in each pause mode: no episode is lost. Fixtures live here, not in a
 conftest.py (see test_vllm_policy.py).
@@ -53,21 +54,6 @@ def services(tmp_path_factory: pytest.TempPathFactory, serve_session: int) -> It
     serve.delete(policy_app_name(NAMESPACE))
 
 
-def greedy(services: Services, tries: int = 6) -> set[str]:
-    """Greedy completions of a fixed prompt; several requests, so both replicas answer."""
-    import openai
-
-    client = openai.OpenAI(base_url=services.policy_url, api_key="none", timeout=120)
-    return {
-        client.completions.create(
-            model=services.model, prompt=PROBE_PROMPT, max_tokens=32, temperature=0.0
-        )
-        .choices[0]
-        .text
-        for _ in range(tries)
-    }
-
-
 PROBE_IDS = list(range(100, 164))  # a fixed token sequence to score on server and trainer
 
 
@@ -112,11 +98,9 @@ def test_grpo_example_runs_three_steps_and_the_weights_really_change(services):
     trainer = GrpoTrainer.remote(
         NAMESPACE, str(services.model_path), str(services.work_dir / "checkpoints"), LR
     )
-    outputs = [greedy(services)]
-    records, checkpoints, served = [], [services.model_path], []
+    records, checkpoints, served = [], [services.model_path], [served_logprobs(services)]
     for step in range(3):
         records.append(ray.get(trainer.step.remote(step, tasks(), 4)))
-        outputs.append(greedy(services))
         checkpoints.append(Path(records[-1]["update"]["path"]))
         served.append(served_logprobs(services))
     ray.kill(trainer)
@@ -140,12 +124,15 @@ def test_grpo_example_runs_three_steps_and_the_weights_really_change(services):
         # The trainer's logprobs on the returned ids are vLLM's, up to bf16: same weights
         # (the checkpoint of the step before) and exactly the sampled ids.
         assert record["logprob_gap"] < 0.01, record
-    print(f"greedy outputs: {outputs}")
-    for before, after in zip(outputs, outputs[1:], strict=False):
-        assert len(after) == 1, after  # both replicas answer alike: both have the weights
-        assert after != before  # ...and they are new ones
-    # Every answer after update k scores like checkpoint k (up to bf16), not like k - 1.
-    for k, answers in enumerate(served, start=1):
+    # Each update moves what every replica serves by far more than bf16 noise (the greedy
+    # text is no probe: the random model often answers "" before and after a step)...
+    moved = [round(gap(served[k][0], served[k - 1][0]), 4) for k in range(1, len(served))]
+    spread = [round(max(gap(a, answers[0]) for a in answers), 4) for answers in served]
+    print(f"served logprobs moved per update: {moved}; spread across replicas: {spread}")
+    assert all(step_moved > 0.02 for step_moved in moved), moved
+    assert all(s < 0.01 for s in spread), spread  # both replicas answer alike
+    # ...and every answer after update k scores like checkpoint k (up to bf16), not k - 1.
+    for k, answers in enumerate(served[1:], start=1):
         new, old = checkpoint_logprobs(checkpoints[k]), checkpoint_logprobs(checkpoints[k - 1])
         gaps = [(round(gap(a, new), 4), round(gap(a, old), 4)) for a in answers]
         print(f"update {k}: served vs checkpoint {k} / {k - 1}: {gaps}")
