@@ -40,7 +40,7 @@ from rayrollout.registry import load_environment
 from rayrollout.schema import Task
 from rayrollout.stats import RunStats
 from rayrollout.weights import WeightSync
-from rayrollout.writer import PartWriter, make_sink
+from rayrollout.writer import PartWriter, make_sink, written_keys
 
 __all__ = ["ENGINE_NAME", "EngineActor"]
 
@@ -99,6 +99,9 @@ class EngineActor:
         self.weights = WeightSync(config, policy_url, self.agents)
         self.sampling = SamplingCounts()
         self.waiters: dict[int, _Waiter] = {}  # id(spec) -> the generate() call awaiting it
+        # generate(write=True): the next free sample index per task id, so (task_id,
+        # sample_index) stays unique on disk across training steps (read from disk once).
+        self.next_sample: dict[str, int] | None = None
 
     async def start(self) -> list[str]:
         """Wait for the agents and open the output; returns the agents' names."""
@@ -194,8 +197,10 @@ class EngineActor:
         ``dynamic_sampling`` drops zero-variance groups and tops the batch (``batch_size``
         groups, default all tasks) up from the tasks after it, then by sampling dropped
         tasks again, within ``max_extra_groups`` (``rayrollout.groups``). ``write`` also
-        sends the trajectories to the output folder. Unset arguments come from the config's
-        ``training`` section.
+        sends the trajectories to the output folder; their sample indices then continue
+        from the last one written for the task (this engine's calls and what the folder
+        held before), so ``(task_id, sample_index)`` stays unique on disk across steps.
+        Unset arguments come from the config's ``training`` section.
 
         Example:
             >>> engine = ray.get_actor("engine", namespace="rayrollout")  # doctest: +SKIP
@@ -214,9 +219,16 @@ class EngineActor:
         keep = settings.write_trajectories if write is None else write
         dynamic = settings.dynamic_sampling if dynamic_sampling is None else dynamic_sampling
         extra = settings.max_extra_groups if max_extra_groups is None else max_extra_groups
-        result, episodes = await generate_groups(
-            parsed, n, lambda specs: self._run_specs(specs, keep), dynamic, batch_size, extra
-        )
+        taken = await self._samples_on_disk() if keep else {}
+        first = {t.task_id: taken.get(t.task_id, 0) for t in parsed}
+
+        async def run(specs: list[EpisodeSpec]) -> list[dict[str, Any]]:
+            for spec in specs if keep else ():
+                task_id = spec.task.task_id
+                taken[task_id] = max(taken.get(task_id, 0), spec.sample_index + 1)
+            return await self._run_specs(specs, keep)
+
+        result, episodes = await generate_groups(parsed, n, run, dynamic, batch_size, extra, first)
         self.sampling.add(result, episodes)
         return result
 
@@ -262,6 +274,17 @@ class EngineActor:
         snapshot["policy"] = self.weights.snapshot()
         snapshot["dynamic_sampling"] = self.sampling.model_dump()
         return snapshot
+
+    async def _samples_on_disk(self) -> dict[str, int]:
+        """The next free sample index per task id in the output folder; the folder is read
+        once, then the engine counts what its writing generate() calls start."""
+        if self.next_sample is None:
+            out = self.config.output
+            on_disk = await asyncio.to_thread(written_keys, out.dir, out.format)
+            self.next_sample = {}
+            for task_id, index in on_disk:
+                self.next_sample[task_id] = max(self.next_sample.get(task_id, 0), index + 1)
+        return self.next_sample
 
     async def _run_specs(self, specs: list[EpisodeSpec], write: bool) -> list[dict[str, Any]]:
         """Run episodes through the queue and hand their rows back (in any order)."""

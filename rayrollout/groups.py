@@ -5,7 +5,8 @@ engine's), returns one ``Group`` per task with the rewards' mean and (population
 with dynamic sampling, drops groups whose rewards are all equal (they carry no GRPO
 advantage) and tops the batch up: first with tasks past ``batch_size`` in the list, then by
 sampling dropped tasks again, until the batch is full or ``max_extra_groups`` more groups
-have run. A task sampled again gets new sample indices (attempt k: ``k*n .. k*n+n-1``), so
+have run. A task sampled again gets new sample indices (attempt k: ``k*n .. k*n+n-1``, after
+the task's ``first_index``, which a writing engine moves past what it wrote before), so
 (task_id, sample_index) stays unique in the output.
 """
 
@@ -108,6 +109,7 @@ async def generate_groups(
     dynamic_sampling: bool = False,
     batch_size: int | None = None,
     max_extra_groups: int | None = None,
+    first_index: dict[str, int] | None = None,
 ) -> tuple[GenerateResult, int]:
     """Run ``n`` samples of each task; returns the result and the episodes run.
 
@@ -130,6 +132,7 @@ async def generate_groups(
     budget = size if max_extra_groups is None else max_extra_groups
     started = time.monotonic()
     attempts: dict[str, int] = {}
+    first = first_index or {}
     reserve = list(tasks[size:])
     dropped: list[Task] = []  # dropped and not kept since, in the order they were dropped
     kept: list[Group] = []
@@ -137,7 +140,7 @@ async def generate_groups(
     pending = list(tasks[:size])
     while pending:
         specs = [
-            EpisodeSpec(task, attempts.get(task.task_id, 0) * n + i)
+            EpisodeSpec(task, first.get(task.task_id, 0) + attempts.get(task.task_id, 0) * n + i)
             for task in pending
             for i in range(n)
         ]

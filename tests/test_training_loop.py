@@ -136,6 +136,7 @@ def test_trainer_actor_drives_generate_by_engine_name_step_after_step(trainer, t
     v0 = before["version"]
     results = ray.get(trainer.steps.remote(tasks, 4, 3))
     written = ray.get(trainer.call.remote("generate", tasks[:1], 2, write=True))
+    again = ray.get(trainer.call.remote("generate", tasks[:1], 2, write=True))
     ray.get(trainer.call.remote("flush"))
     stats = ray.get(trainer.call.remote("stats"))
     changed = delta(counters(trainer), before)
@@ -158,14 +159,17 @@ def test_trainer_actor_drives_generate_by_engine_name_step_after_step(trainer, t
     assert written.policy_versions == [v0 + 3]
     out = ray.get(trainer.call.remote("info"))["output_dir"]
     on_disk = [t for t in read_trajectories(out) if t.task_id == "s-a"]
-    assert sorted(t.sample_index for t in on_disk) == [0, 1]  # generate() writes when asked
+    # generate() writes when asked, and a second writing call takes the next sample indices,
+    # so (task_id, sample_index) stays unique on disk across steps.
+    assert [t.sample_index for t in again.trajectories()] == [2, 3]
+    assert sorted(t.sample_index for t in on_disk) == [0, 1, 2, 3]
     assert {tuple(versions(t)) for t in on_disk} == {(v0 + 3, v0 + 3)}
-    assert changed["episodes_done"] == 3 * 12 + 2 and changed["errors"] == 0
+    assert changed["episodes_done"] == 3 * 12 + 4 and changed["errors"] == 0
     assert (changed["version"], changed["updates"]) == (3, 3)
-    assert changed["sampling.calls"] == 4 and changed["sampling.episodes"] == 38
-    assert changed["calls.calls"] == 2 * 38
+    assert changed["sampling.calls"] == 5 and changed["sampling.episodes"] == 40
+    assert changed["calls.calls"] == 2 * 40
     assert stats["episodes_in_flight"] == 0 and stats["episodes_per_s"] > 0
-    assert stats["by_env"]["scheduled"]["episodes"] >= 38
+    assert stats["by_env"]["scheduled"]["episodes"] >= 40
     assert stats["by_env"]["scheduled"]["errors"] == 0
 
 
