@@ -562,6 +562,15 @@ def env_serve(
     detach: Annotated[
         bool, typer.Option("--detach", help="Deploy and return instead of waiting for Ctrl-C.")
     ] = False,
+    session_idle_timeout: Annotated[
+        float,
+        typer.Option(
+            "--session-idle-timeout",
+            min=0.001,
+            help="Seconds without a call after which a session's state is released (clients "
+            "that never verify or close).",
+        ),
+    ] = 3600.0,
 ) -> None:
     """Serve an environment over NeMo Gym's resources-server HTTP protocol (for NeMo Gym agents)."""
     import time
@@ -582,7 +591,11 @@ def env_serve(
     ensure_ray(config)
     ensure_serve(config)
     route = environment_route(namespace, env_cls.name)
-    app = environment_app(f"{env_cls.__module__}:{env_cls.__qualname__}", num_replicas=replicas)
+    app = environment_app(
+        f"{env_cls.__module__}:{env_cls.__qualname__}",
+        num_replicas=replicas,
+        session_idle_timeout_s=session_idle_timeout,
+    )
     serve.run(app, name=environment_app_name(namespace, env_cls.name), route_prefix=route)
     url = f"http://{host}:{port}{route}"
     console.print(

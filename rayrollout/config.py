@@ -173,6 +173,13 @@ class EnvironmentConfig(_Config):
         description="Scale replicas with episodes in flight (Serve autoscaling_config); "
         "replaces 'replicas' when set.",
     )
+    session_idle_timeout_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="Serve-hosted stateful environments: a session with no call for this long "
+        "is closed and its state released (HTTP clients that never verify or close, episodes "
+        "of a killed agent). A call in flight keeps its session.",
+    )
     url: str | None = Field(
         default=None,
         description="Base URL of a running NeMo Gym resources server to use as this "

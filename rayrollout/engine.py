@@ -330,6 +330,7 @@ class EngineActor:
                     num_replicas=settings.replicas,
                     num_cpus=settings.num_cpus,
                     options=environment_deployment_options(self.config, name),
+                    session_idle_timeout_s=settings.session_idle_timeout_s,
                 )
                 app_name = environment_app_name(self.config.namespace, name)
                 # The route serves NeMo Gym's HTTP protocol (see nemo_gym_routes.py).

@@ -34,6 +34,7 @@ from rayrollout.placement import cpu_actor_options
 from rayrollout.registry import load_environment
 from rayrollout.schema import Task
 from rayrollout.serve_batching import BatchingHandle, run_batch
+from rayrollout.session_store import SessionNotOpen, SessionStore
 
 __all__ = [
     "EnvSession",
@@ -47,11 +48,8 @@ __all__ = [
     "environment_route",
 ]
 
+DEFAULT_SESSION_IDLE_TIMEOUT_S = 3600.0
 _ROUTER = "ray.serve.experimental.consistent_hash_router:ConsistentHashRouter"
-
-
-class SessionNotOpen(LookupError):
-    """A replica holds no state for the episode: it was closed, or the replica restarted."""
 
 
 class EnvironmentLost(RuntimeError):
@@ -107,8 +105,9 @@ class ServeSession:
     def _lost(self, during: str, exc: BaseException) -> EnvironmentLost:
         self.lost = True
         return EnvironmentLost(
-            f"environment replica lost during {during} (it died or restarted, so the "
-            f"episode's state is gone): {type(exc).__name__}: {str(exc)[:300]}"
+            f"environment session lost during {during} (its replica died or restarted, or it "
+            f"expired idle, so the episode's state is gone): {type(exc).__name__}: "
+            f"{str(exc)[:300]}"
         )
 
     async def setup(self) -> None:
@@ -155,50 +154,48 @@ class ServeSession:
 class EnvironmentServer(NemoGymRoutes):
     """A Serve replica hosting one environment class; stateful episodes keyed by episode id."""
 
-    def __init__(self, env_path: str) -> None:
+    def __init__(
+        self, env_path: str, session_idle_timeout_s: float = DEFAULT_SESSION_IDLE_TIMEOUT_S
+    ) -> None:
         self.env_cls = load_environment(env_path)
-        self.sessions: dict[str, Environment] = {}
+        self.sessions = SessionStore(self.env_cls.name, session_idle_timeout_s)
         self.self_handle: DeploymentHandle | None = None
 
     async def open(self, episode_id: str, task: Task) -> None:
         await self.close(episode_id)  # a re-seeded HTTP session starts over
         env = self.env_cls(task)
         await env.setup()
-        self.sessions[episode_id] = env
-
-    def _env(self, episode_id: str | None, task: Task | None) -> Environment:
-        if episode_id is None:
-            assert task is not None  # ServeSession always sends the task when stateless
-            return self.env_cls(task)
-        try:
-            return self.sessions[episode_id]
-        except KeyError:
-            raise SessionNotOpen(
-                f"episode {episode_id} has no open session on this '{self.env_cls.name}' replica "
-                "(the replica restarted, or the call was routed without its session id)"
-            ) from None
+        await self.sessions.open(episode_id, env)
 
     async def call_tool(
         self, episode_id: str | None, task: Task | None, name: str, arguments: str
     ) -> ToolResult:
-        return await self._env(episode_id, task).call_tool(name, arguments)
+        if episode_id is None:  # stateless: ServeSession sends the task with every call
+            assert task is not None
+            return await self.env_cls(task).call_tool(name, arguments)
+        with self.sessions.use(episode_id) as env:
+            return await env.call_tool(name, arguments)
 
     async def verify(self, episode_id: str | None, episode: Episode) -> Verification:
-        env = self._env(episode_id, episode.task if episode_id is None else None)
-        return await env.verify(episode)
+        if episode_id is None:
+            return await self.env_cls(episode.task).verify(episode)
+        with self.sessions.use(episode_id) as env:
+            return await env.verify(episode)
 
     async def batch(self, calls: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
         """Stateless calls of many episodes in one request (``serve_batching``)."""
         return await run_batch(self, calls)
 
     async def close(self, episode_id: str) -> None:
-        env = self.sessions.pop(episode_id, None)
-        if env is not None:
-            await env.close()
+        await self.sessions.close(episode_id)
 
     def open_sessions(self) -> int:
         """How many episodes hold state on this replica (for tests and status)."""
         return len(self.sessions)
+
+    def expired_sessions(self) -> int:
+        """How many sessions this replica closed for being idle past the timeout."""
+        return self.sessions.expired_count
 
 
 def environment_route(namespace: str, env_name: str) -> str:
@@ -228,8 +225,10 @@ def environment_app(
     num_replicas: int = 1,
     num_cpus: float = 0.1,
     options: dict[str, Any] | None = None,
+    session_idle_timeout_s: float = DEFAULT_SESSION_IDLE_TIMEOUT_S,
 ) -> serve.Application:
-    """A Serve application hosting the environment at ``env_path`` on ``num_replicas`` replicas."""
+    """A Serve application hosting the environment at ``env_path`` on ``num_replicas`` replicas;
+    a stateful session with no call for ``session_idle_timeout_s`` is closed."""
     options = dict(options or {})
     actor_options = {"num_cpus": num_cpus, **options.pop("ray_actor_options", {})}
     if "autoscaling_config" in options:
@@ -239,4 +238,4 @@ def environment_app(
         ray_actor_options=actor_options,
         **options,
     )
-    return deployment.bind(env_path)
+    return deployment.bind(env_path, session_idle_timeout_s)

@@ -91,8 +91,9 @@ def _verify_answer(body: dict[str, Any], verification: Verification) -> dict[str
 def _no_session(key: str) -> Response:
     return JSONResponse(
         {
-            "detail": f"session {key!r} is not open on this environment (closed, verified, or "
-            "the replica restarted): POST /seed_session again to start a new episode"
+            "detail": f"session {key!r} is not open on this environment (closed, verified, idle "
+            "past the environment's session timeout, or the replica restarted): POST "
+            "/seed_session again to start a new episode"
         },
         status_code=404,
     )

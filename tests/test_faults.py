@@ -273,7 +273,7 @@ def test_environment_replica_killed_mid_run_has_its_episodes_played_again(tmp_pa
     # that lost its replica on every try would say so.
     failed = [t for t in rows if t.status != "ok"]
     for t in failed:
-        assert t.status == "error" and "environment replica lost" in t.error, t.error
+        assert t.status == "error" and "environment session lost" in t.error, t.error
     assert len(failed) <= 2
     ok = [t for t in rows if t.status == "ok"]
     assert {(t.reward, t.verification["count"]) for t in ok} == {(1.0, 1)}

@@ -5,6 +5,7 @@ a cookie from /seed_session, one POST per tool call, /verify with a Responses ob
 """
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -200,3 +201,30 @@ def test_env_serve_puts_an_inline_environment_behind_the_protocol(serve_session)
         assert verified["reward"] == 1.0 and verified["tools_called"] == ["get_weather"]
     finally:
         serve.delete("http-test.env.weather")
+
+
+def test_a_session_left_open_by_its_client_is_released_after_the_idle_timeout(serve_session):
+    serve.run(
+        environment_app("environments.booking.env:BookingEnv", session_idle_timeout_s=0.5),
+        name="http-booking-idle",
+        route_prefix="/http-booking-idle",
+    )
+    url = f"http://127.0.0.1:{serve_session}/http-booking-idle"
+    handle = serve.get_deployment_handle("EnvironmentServer", "http-booking-idle")
+    try:
+        client = requests.Session()  # seeds, books, then walks away: no verify, no close
+        assert client.post(f"{url}/seed_session", json=ROW).ok
+        assert client.post(f"{url}/book", json={"request": "suite, 2 nights"}).ok
+        assert handle.open_sessions.remote().result() == 1
+        deadline = time.monotonic() + 10
+        while handle.open_sessions.remote().result():
+            assert time.monotonic() < deadline, "the idle session was never released"
+            time.sleep(0.1)
+        assert handle.expired_sessions.remote().result() == 1
+        late = client.post(f"{url}/list_bookings", json={})
+        assert late.status_code == 404
+        assert "idle past the environment's session timeout" in late.json()["detail"]
+        assert client.post(f"{url}/seed_session", json=ROW).ok  # the fix it names works
+        assert client.post(f"{url}/list_bookings", json={}).json() == []
+    finally:
+        serve.delete("http-booking-idle")
