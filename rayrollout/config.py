@@ -113,6 +113,16 @@ class PolicyConfig(_Config):
     )
     scripted: ScriptedPolicyConfig = Field(default_factory=ScriptedPolicyConfig)
 
+    @model_validator(mode="after")
+    def _responses_needs_a_route(self) -> PolicyConfig:
+        # Caught here, not as a 404 on every episode of a run that took minutes to start.
+        if self.kind == "vllm" and self.api == "responses" and self.prompt_mode == "messages":
+            raise ValueError(
+                "api 'responses' does not work with kind 'vllm': Ray Serve LLM's ingress has "
+                "no /v1/responses. Use api: chat, or prompt_mode: token_ids (/v1/completions)"
+            )
+        return self
+
 
 class EnvironmentAutoscaling(_Config):
     """Bounds of an environment's replica count, scaled by Serve with the requests in flight."""

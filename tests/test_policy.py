@@ -104,3 +104,16 @@ async def test_api_key_is_sent_but_never_in_errors(flaky_server, monkeypatch):
         await ask(client(url, max_retries=0, api_key_env="MY_POLICY_KEY"))
     assert state["auth"] == ["Bearer sk-secret-123"]
     assert "sk-secret-123" not in str(info.value)
+
+
+def test_responses_api_against_ray_serve_llm_is_refused_at_config_time():
+    from rayrollout.config import ConfigError, load_config
+
+    vllm = {"kind": "vllm", "vllm_config": "deployments/vllm/cpu.yaml"}
+    with pytest.raises(ConfigError, match=r"policy.*no /v1/responses.*api: chat"):
+        load_config(overrides={"policy": {**vllm, "api": "responses"}})
+    # Token-ids mode never calls /v1/responses, whatever 'api' says.
+    config = load_config(
+        overrides={"policy": {**vllm, "api": "responses", "prompt_mode": "token_ids"}}
+    )
+    assert config.policy.prompt_mode == "token_ids"
