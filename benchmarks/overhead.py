@@ -7,11 +7,13 @@ agents, environments and writer (Parquet). Reported: episodes/s of each, their r
 milliseconds per episode summed over every process of the run (the stub included in both).
 
 Hosting modes: ``inline`` (the environment in the agents), ``serve`` (Serve replicas, called
-by deployment handles) and ``remote`` (a NeMo Gym resources server by URL: a plain aiohttp
-server in its own process, ``nemo_gym_server.py``). For ``remote`` the bare loop makes the
+by deployment handles), ``serve-stateful`` (the same with per-episode state,
+``stateful_weather.py``: a session per episode pinned to one replica, so no call batching)
+and ``remote`` (a NeMo Gym resources server by URL: a plain aiohttp server in its own
+process, ``nemo_gym_server.py``). For ``remote`` the bare loop makes the
 same HTTP calls to the same server (seed, tool, verify, close), and the ratio is to that.
 
-    python benchmarks/overhead.py                 # full run (about 1.5 minutes here)
+    python benchmarks/overhead.py                 # full run (about 2.5 minutes here)
     python benchmarks/overhead.py --smoke         # seconds; CI checks it still works
 """
 
@@ -38,6 +40,10 @@ from common import (  # noqa: E402
 )
 
 PROMPT = "What's the weather like in City {i}?"
+# The weather environment's config in modes that are more than a hosting name.
+HOSTING_CONFIGS = {
+    "serve-stateful": {"path": "stateful_weather:StatefulWeather", "hosting": "serve"},
+}
 
 
 async def bare_loop(
@@ -200,7 +206,9 @@ def run_engine(
         "namespace": f"overhead-{hosting}",
         "policy": {"kind": "openai", "base_url": base_url, "model": "stub", "max_retries": 0},
         "environments": {
-            "weather": {"url": env_url} if hosting == "remote" else {"hosting": hosting}
+            "weather": {"url": env_url}
+            if hosting == "remote"
+            else HOSTING_CONFIGS.get(hosting, {"hosting": hosting})
         },
         "agents": {"num_agents": num_agents},
         "concurrency": concurrency,
@@ -243,7 +251,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--agents", type=int, default=2)
     parser.add_argument(
-        "--modes", default="inline,serve,remote", help="environment hosting modes to run"
+        "--modes",
+        default="inline,serve,serve-stateful,remote",
+        help="environment hosting modes to run",
     )
     parser.add_argument(
         "--smoke", action="store_true", help="tiny run to check the benchmark works"
@@ -255,6 +265,9 @@ def main() -> None:
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Ray's workers import the serve-stateful environment from this folder.
+    here = os.path.dirname(os.path.abspath(__file__))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     results: dict[str, Any] = {
         "benchmark": "overhead",

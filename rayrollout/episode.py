@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from rayrollout.config import AgentConfig
 from rayrollout.environment import Environment, Episode
-from rayrollout.hosting import EnvSession
+from rayrollout.hosting import EnvironmentSetupFailed, EnvSession
 from rayrollout.policy import PolicyClient, PolicyError, PolicyTimeout
 from rayrollout.schema import (
     EpisodeMetrics,
@@ -160,6 +160,8 @@ async def _play(
                 raise _EpisodeEnd(
                     "timeout", f"tool '{name}' did not answer within {config.tool_timeout_s}s"
                 ) from None
+            except EnvironmentSetupFailed as exc:  # a Serve session opens with its first call
+                raise _EpisodeEnd("error", f"setting up the environment failed: {exc}") from None
             except Exception as exc:
                 raise _EpisodeEnd(
                     "error", f"tool '{name}' failed: {type(exc).__name__}: {exc}"
@@ -236,6 +238,8 @@ async def _verify(
         raise _EpisodeEnd(
             "timeout", f"verifier did not answer within {config.verify_timeout_s}s"
         ) from None
+    except EnvironmentSetupFailed as exc:
+        raise _EpisodeEnd("error", f"setting up the environment failed: {exc}") from None
     except Exception as exc:
         raise _EpisodeEnd("error", f"verifier failed: {type(exc).__name__}: {exc}") from None
     finally:

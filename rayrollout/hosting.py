@@ -14,8 +14,10 @@ episode still reaches the replica holding its state.
 Hops matter (a Serve handle call costs about 1 ms of caller CPU here): a stateless
 environment on Serve sends the task along with each tool call and verify, and the agent
 coalesces the calls its episodes make at the same moment into one handle call
-(``serve_batching``); a stateful one adds ``open``/``close`` and pins every call of the
-episode to one replica through Serve's consistent-hash router keyed by the episode id.
+(``serve_batching``). A stateful one pins every call of the episode to one replica through
+Serve's consistent-hash router keyed by the episode id, and spends no hop of its own on the
+session: the episode's first call opens it (``open_first``) and verify releases it
+(``close_after``), so a one-tool episode is two handle calls, not four.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from rayrollout.session_store import SessionNotOpen, SessionStore
 __all__ = [
     "EnvSession",
     "EnvironmentLost",
+    "EnvironmentSetupFailed",
     "EnvironmentServer",
     "InlineSession",
     "ServeSession",
@@ -84,6 +87,16 @@ class InlineSession:
         await self.env.close()
 
 
+class EnvironmentSetupFailed(RuntimeError):
+    """The environment's ``setup`` raised on its replica (opening a stateful session)."""
+
+
+def _cause_text(exc: BaseException) -> str:
+    """The replica's own error text, without the traceback Ray's wrapper adds."""
+    cause = getattr(exc, "cause", None)
+    return str(cause if isinstance(cause, BaseException) else exc)
+
+
 class ServeSession:
     """The environment instance lives on a Serve replica, reached by a deployment handle."""
 
@@ -101,6 +114,10 @@ class ServeSession:
         self.handle = handle.options(session_id=episode_id) if stateful else handle
         self.batcher = None if stateful else batcher  # shared by the agent's episodes
         self.lost = False  # the replica died or restarted mid-episode: the agent re-runs it
+        # Stateful: the replica opens the session with the episode's first call and closes
+        # it with verify, two handle calls fewer per episode than open + ... + close.
+        self.open_sent = False
+        self.closed = False
 
     def _lost(self, during: str, exc: BaseException) -> EnvironmentLost:
         self.lost = True
@@ -111,34 +128,47 @@ class ServeSession:
         )
 
     async def setup(self) -> None:
-        if self.stateful:
-            try:
-                await self.handle.open.remote(self.episode_id, self.task)
-            except RayActorError as exc:
-                raise self._lost("setup", exc) from exc
+        """Nothing to do here: a stateful session opens with the episode's first call."""
+
+    def _opening(self) -> bool:
+        """Whether the next call must open the session (sent once, before it is awaited, so
+        a call cancelled by a timeout still leaves ``close`` to release what it opened)."""
+        opening = not self.open_sent
+        self.open_sent = True
+        return opening
 
     async def call_tool(self, name: str, arguments: str) -> ToolResult:
         try:
             if self.stateful:
-                return await self.handle.call_tool.remote(self.episode_id, None, name, arguments)
+                return await self.handle.call_tool.remote(
+                    self.episode_id, self.task, name, arguments, self._opening()
+                )
             if self.batcher is not None:
                 return await self.batcher.call("call_tool", None, self.task, name, arguments)
             return await self.handle.call_tool.remote(None, self.task, name, arguments)
+        except EnvironmentSetupFailed as exc:
+            raise EnvironmentSetupFailed(_cause_text(exc)) from None
         except (RayActorError, SessionNotOpen) as exc:
             raise self._lost(f"tool '{name}'", exc) from exc
 
     async def verify(self, episode: Episode) -> Verification:
         try:
+            if self.stateful:
+                self.closed = True  # the replica releases the session whatever verify does
+                return await self.handle.verify.remote(
+                    self.episode_id, episode, self._opening(), True
+                )
             if self.batcher is not None:
                 return await self.batcher.call("verify", None, episode)
-            return await self.handle.verify.remote(
-                self.episode_id if self.stateful else None, episode
-            )
+            return await self.handle.verify.remote(None, episode)
+        except EnvironmentSetupFailed as exc:
+            raise EnvironmentSetupFailed(_cause_text(exc)) from None
         except (RayActorError, SessionNotOpen) as exc:
             raise self._lost("verify", exc) from exc
 
     async def close(self) -> None:
-        if self.stateful:
+        if self.stateful and self.open_sent and not self.closed:
+            self.closed = True
             await self.handle.close.remote(self.episode_id)
 
 
@@ -167,20 +197,51 @@ class EnvironmentServer(NemoGymRoutes):
         await env.setup()
         await self.sessions.open(episode_id, env)
 
+    async def _open_first(self, episode_id: str, task: Task) -> None:
+        """The open fused into an episode's first call; a failing setup says it was setup."""
+        try:
+            await self.open(episode_id, task)
+        except Exception as exc:
+            raise EnvironmentSetupFailed(f"{type(exc).__name__}: {exc}") from exc
+
     async def call_tool(
-        self, episode_id: str | None, task: Task | None, name: str, arguments: str
+        self,
+        episode_id: str | None,
+        task: Task | None,
+        name: str,
+        arguments: str,
+        open_first: bool = False,
     ) -> ToolResult:
-        if episode_id is None:  # stateless: ServeSession sends the task with every call
+        """A tool call; stateless (``episode_id`` None) builds the environment from ``task``,
+        stateful runs in the episode's session, opened first when ``open_first``."""
+        if episode_id is None:
             assert task is not None
             return await self.env_cls(task).call_tool(name, arguments)
+        if open_first:
+            assert task is not None
+            await self._open_first(episode_id, task)
         with self.sessions.use(episode_id) as env:
             return await env.call_tool(name, arguments)
 
-    async def verify(self, episode_id: str | None, episode: Episode) -> Verification:
+    async def verify(
+        self,
+        episode_id: str | None,
+        episode: Episode,
+        open_first: bool = False,
+        close_after: bool = False,
+    ) -> Verification:
+        """Score an episode; a stateful session can be opened first (an episode without a
+        tool call) and released after (the episode's last call), whatever verify does."""
         if episode_id is None:
             return await self.env_cls(episode.task).verify(episode)
-        with self.sessions.use(episode_id) as env:
-            return await env.verify(episode)
+        try:
+            if open_first:
+                await self._open_first(episode_id, episode.task)
+            with self.sessions.use(episode_id) as env:
+                return await env.verify(episode)
+        finally:
+            if close_after:
+                await self.close(episode_id)
 
     async def batch(self, calls: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
         """Stateless calls of many episodes in one request (``serve_batching``)."""

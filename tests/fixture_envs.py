@@ -64,6 +64,18 @@ class CounterEnv(Environment):
         return Verification(reward=1.0 if self.count == 1 else 0.0, details={"count": self.count})
 
 
+class PickyCounterEnv(CounterEnv):
+    """A counter whose setup fails for a task with ``refuse`` set (a bad seed, a missing
+    database): the failure must read as setup, wherever the session opens."""
+
+    name = "picky-counter"
+
+    async def setup(self) -> None:
+        if self.task.fields.get("refuse"):
+            raise ValueError(f"no database for task {self.task.task_id}")
+        await super().setup()
+
+
 class ScheduledRewardEnv(EchoEnv):
     """Rewards from the task's ``rewards`` list, in turn per task (in this process), so a
     group's rewards are known in advance; run it inline on one agent. Training-loop tests."""

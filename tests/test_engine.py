@@ -9,6 +9,7 @@ TEST_ENVS = {
     "echo": {"path": "fixture_envs:EchoEnv"},
     "faulty": {"path": "fixture_envs:FaultyEnv"},
     "counter": {"path": "fixture_envs:CounterEnv", "replicas": 2},
+    "picky-counter": {"path": "fixture_envs:PickyCounterEnv"},
 }
 
 
@@ -74,6 +75,39 @@ def test_stateful_environment_keeps_each_episode_on_one_replica(tmp_path, serve_
 
     handle = serve.get_app_handle("engine-tests.env.counter")
     assert handle.open_sessions.remote().result() == 0  # every session was released
+
+
+def test_stateful_sessions_open_with_the_first_call_and_close_with_verify(tmp_path, serve_session):
+    # The session opens with the episode's first call (a tool call, or verify when the model
+    # calls no tool) and closes with verify: a failing setup still reads as setup, and
+    # every session is released whichever way the episode ends.
+    cfg = config(tmp_path, serve_session)
+    tasks = [
+        {"task_id": "tool", "prompt": "count", "environment": "picky-counter"},
+        {"task_id": "no-tool", "prompt": "count", "environment": "picky-counter", "tools": []},
+        {"task_id": "refused", "prompt": "count", "environment": "picky-counter", "refuse": 1},
+        {
+            "task_id": "refused-no-tool",
+            "prompt": "count",
+            "environment": "picky-counter",
+            "tools": [],
+            "refuse": 1,
+        },
+    ]
+    with RolloutEngine(cfg) as engine:
+        by_id = {t.task_id: t for t in engine.collect(tasks).trajectories()}
+    assert (by_id["tool"].status, by_id["tool"].reward) == ("ok", 1.0)
+    assert by_id["tool"].verification == {"count": 1}
+    assert (by_id["no-tool"].status, by_id["no-tool"].verification) == ("ok", {"count": 0})
+    for task_id in ("refused", "refused-no-tool"):
+        assert by_id[task_id].status == "error"
+        assert by_id[task_id].error == (
+            f"setting up the environment failed: ValueError: no database for task {task_id}"
+        )
+    from ray import serve
+
+    handle = serve.get_app_handle("engine-tests.env.picky-counter")
+    assert handle.open_sessions.remote().result() == 0
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
