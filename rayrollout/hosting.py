@@ -140,8 +140,9 @@ class ServeSession:
     async def call_tool(self, name: str, arguments: str) -> ToolResult:
         try:
             if self.stateful:
+                opening = self._opening()  # the task travels only with the opening call
                 return await self.handle.call_tool.remote(
-                    self.episode_id, self.task, name, arguments, self._opening()
+                    self.episode_id, self.task if opening else None, name, arguments, opening
                 )
             if self.batcher is not None:
                 return await self.batcher.call("call_tool", None, self.task, name, arguments)
