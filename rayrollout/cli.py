@@ -19,7 +19,12 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from rayrollout.config import ConfigError, RunConfig, load_config
+from rayrollout.config import (
+    DEFAULT_SESSION_IDLE_TIMEOUT_S,
+    ConfigError,
+    RunConfig,
+    load_config,
+)
 from rayrollout.registry import UnknownEnvironmentError, available_environments, load_environment
 from rayrollout.services import PolicyEndpointError
 from rayrollout.tasks import InvalidTaskError, read_tasks
@@ -570,7 +575,7 @@ def env_serve(
             help="Seconds without a call after which a session's state is released (clients "
             "that never verify or close).",
         ),
-    ] = 3600.0,
+    ] = DEFAULT_SESSION_IDLE_TIMEOUT_S,
 ) -> None:
     """Serve an environment over NeMo Gym's resources-server HTTP protocol (for NeMo Gym agents)."""
     import time

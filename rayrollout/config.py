@@ -33,6 +33,10 @@ class ConfigError(ValueError):
     """A config file or flag that does not validate, with the offending key."""
 
 
+# Serve-hosted stateful environments release a session with no call for this long.
+DEFAULT_SESSION_IDLE_TIMEOUT_S = 3600.0
+
+
 class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -184,7 +188,7 @@ class EnvironmentConfig(_Config):
         "replaces 'replicas' when set.",
     )
     session_idle_timeout_s: float = Field(
-        default=3600.0,
+        default=DEFAULT_SESSION_IDLE_TIMEOUT_S,
         gt=0,
         description="Serve-hosted stateful environments: a session with no call for this long "
         "is closed and its state released (HTTP clients that never verify or close, episodes "

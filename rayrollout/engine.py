@@ -174,11 +174,15 @@ class EngineActor:
         return self.writer.rows_written
 
     def progress(self) -> dict[str, Any]:
-        snapshot = self.stats.snapshot()
-        snapshot["rows_written"] = self.writer.rows_written
-        snapshot["queued"] = self.queue.qsize()
-        snapshot["writer"] = self.writer.figures()
-        return snapshot
+        return {**self.stats.snapshot(), **self._output_figures()}
+
+    def _output_figures(self) -> dict[str, Any]:
+        """Queue and writer figures, shared by ``progress`` and ``stats``."""
+        return {
+            "queued": self.queue.qsize(),
+            "rows_written": self.writer.rows_written,
+            "writer": self.writer.figures(),
+        }
 
     # Training-loop interface (issue 5): a trainer finds this actor by name and calls these.
 
@@ -223,9 +227,10 @@ class EngineActor:
         first = {t.task_id: taken.get(t.task_id, 0) for t in parsed}
 
         async def run(specs: list[EpisodeSpec]) -> list[dict[str, Any]]:
-            for spec in specs if keep else ():
-                task_id = spec.task.task_id
-                taken[task_id] = max(taken.get(task_id, 0), spec.sample_index + 1)
+            if keep:
+                for spec in specs:
+                    task_id = spec.task.task_id
+                    taken[task_id] = max(taken.get(task_id, 0), spec.sample_index + 1)
             return await self._run_specs(specs, keep)
 
         result, episodes = await generate_groups(parsed, n, run, dynamic, batch_size, extra, first)
@@ -267,10 +272,7 @@ class EngineActor:
 
     def stats_snapshot(self) -> dict[str, Any]:
         """``stats()`` without asking the agents (no awaits)."""
-        snapshot = self.stats.summary()
-        snapshot["queued"] = self.queue.qsize()
-        snapshot["rows_written"] = self.writer.rows_written
-        snapshot["writer"] = self.writer.figures()
+        snapshot = {**self.stats.summary(), **self._output_figures()}
         snapshot["policy"] = self.weights.snapshot()
         snapshot["dynamic_sampling"] = self.sampling.model_dump()
         return snapshot

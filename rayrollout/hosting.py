@@ -29,13 +29,13 @@ from ray.exceptions import RayActorError
 from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
-from rayrollout.config import RunConfig
+from rayrollout.config import DEFAULT_SESSION_IDLE_TIMEOUT_S, RunConfig
 from rayrollout.environment import Environment, Episode, ToolResult, Verification
 from rayrollout.nemo_gym_routes import NemoGymRoutes, http_app
 from rayrollout.placement import cpu_actor_options
 from rayrollout.registry import load_environment
 from rayrollout.schema import Task
-from rayrollout.serve_batching import BatchingHandle, run_batch
+from rayrollout.serve_batching import BatchingHandle, raised_on_replica, run_batch
 from rayrollout.session_store import SessionNotOpen, SessionStore
 
 __all__ = [
@@ -51,7 +51,6 @@ __all__ = [
     "environment_route",
 ]
 
-DEFAULT_SESSION_IDLE_TIMEOUT_S = 3600.0
 _ROUTER = "ray.serve.experimental.consistent_hash_router:ConsistentHashRouter"
 
 
@@ -89,12 +88,6 @@ class InlineSession:
 
 class EnvironmentSetupFailed(RuntimeError):
     """The environment's ``setup`` raised on its replica (opening a stateful session)."""
-
-
-def _cause_text(exc: BaseException) -> str:
-    """The replica's own error text, without the traceback Ray's wrapper adds."""
-    cause = getattr(exc, "cause", None)
-    return str(cause if isinstance(cause, BaseException) else exc)
 
 
 class ServeSession:
@@ -148,7 +141,7 @@ class ServeSession:
                 return await self.batcher.call("call_tool", None, self.task, name, arguments)
             return await self.handle.call_tool.remote(None, self.task, name, arguments)
         except EnvironmentSetupFailed as exc:
-            raise EnvironmentSetupFailed(_cause_text(exc)) from None
+            raise EnvironmentSetupFailed(str(raised_on_replica(exc))) from None
         except (RayActorError, SessionNotOpen) as exc:
             raise self._lost(f"tool '{name}'", exc) from exc
 
@@ -163,7 +156,7 @@ class ServeSession:
                 return await self.batcher.call("verify", None, episode)
             return await self.handle.verify.remote(None, episode)
         except EnvironmentSetupFailed as exc:
-            raise EnvironmentSetupFailed(_cause_text(exc)) from None
+            raise EnvironmentSetupFailed(str(raised_on_replica(exc))) from None
         except (RayActorError, SessionNotOpen) as exc:
             raise self._lost("verify", exc) from exc
 

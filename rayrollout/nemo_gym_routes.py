@@ -26,6 +26,7 @@ from rayrollout.convert import chat_tools_to_responses
 from rayrollout.environment import Environment, Episode, ToolResult, Verification
 from rayrollout.nemo_gym import PROTOCOL_ROUTES, items_to_messages
 from rayrollout.schema import Message, Task
+from rayrollout.serve_batching import raised_on_replica
 from rayrollout.tasks import InvalidTaskError, parse_task_row
 
 __all__ = ["SESSION_COOKIE", "NemoGymRoutes", "http_app"]
@@ -101,7 +102,7 @@ def _no_session(key: str) -> Response:
 
 def _failed(route: str, exc: Exception) -> Response:
     """An environment failure (setup, tool or verifier bug) as a 500 naming what raised."""
-    cause = exc.cause if isinstance(getattr(exc, "cause", None), Exception) else exc
+    cause = raised_on_replica(exc)
     return JSONResponse(
         {"detail": f"{route} failed: {type(cause).__name__}: {str(cause)[:1000]}"},
         status_code=500,

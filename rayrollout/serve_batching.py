@@ -103,6 +103,13 @@ async def run_batch(target: Any, calls: list[tuple[str, tuple[Any, ...]]]) -> li
     return [_outcome(result) for result in results]
 
 
+def raised_on_replica(exc: BaseException) -> BaseException:
+    """The exception the replica raised, not Ray's wrapper around it (whose text adds the
+    remote traceback); ``exc`` itself when it is not wrapped."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else exc
+
+
 def _outcome(result: Any) -> tuple[bool, Any]:
     if not isinstance(result, BaseException):
         return False, result
