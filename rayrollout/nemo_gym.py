@@ -257,6 +257,7 @@ class RemoteSession:
         )
         self.http: aiohttp.ClientSession | None = None
         self.seeded = False
+        self.earlier_failure = ""  # the last request's failed attempt before its answer
 
     def _client(self) -> aiohttp.ClientSession:
         if self.http is None:
@@ -281,6 +282,9 @@ class RemoteSession:
                 async with client.post(url, json=body) as response:
                     text = await response.text()
                     if response.status not in _RETRY_STATUSES or attempt == attempts - 1:
+                        # Said with an error: a retried /verify finds its session already
+                        # ended by the attempt that failed, so the first failure is the cause.
+                        self.earlier_failure = problem
                         return response.status, text
                     problem = f"HTTP {response.status}: {text[:300]}"
             except (aiohttp.ClientConnectionError, TimeoutError) as exc:
@@ -296,9 +300,10 @@ class RemoteSession:
         )
 
     def _fail(self, route: str, status: int, text: str) -> NemoGymError:
+        earlier = self.earlier_failure and f" (after a failed attempt: {self.earlier_failure})"
         return NemoGymError(
             f"NeMo Gym server '{self.name}' at {self.base_url} answered HTTP {status} to "
-            f"POST /{route}: {text[:500]}"
+            f"POST /{route}: {text[:500]}{earlier}"
         )
 
     async def setup(self) -> None:

@@ -180,6 +180,21 @@ async def test_a_server_answering_503_is_retried_with_backoff():
     assert list(server.calls.values()) == [["seed_session", "get_weather", "close_session"]]
 
 
+async def test_an_answer_after_retries_names_the_failed_attempt_before_it():
+    # A retried /verify can meet a session the failed attempt already ended: the error
+    # must carry that first failure, the cause, not only the last answer.
+    pool = NemoGymConnections()
+    with ResourcesServer(fail_first=2) as server:
+        session = pool.session("gym", EnvironmentConfig(url=server.url, max_retries=1), TASK)
+        with pytest.raises(NemoGymError) as failed:
+            await session.setup()
+    await pool.close()
+    assert str(failed.value).endswith(
+        'answered HTTP 503 to POST /seed_session: {"detail":"warming up"} '
+        '(after a failed attempt: HTTP 503: {"detail":"warming up"})'
+    )
+
+
 async def test_an_unreachable_server_fails_naming_the_url_and_the_route():
     pool = NemoGymConnections()
     url = f"http://127.0.0.1:{free_port()}"
