@@ -75,7 +75,7 @@ class AgentRunner:
     ) -> EnvSession:
         settings = self.config.environment_config(env_name)
         if settings.url is not None:  # a NeMo Gym resources server, over HTTP
-            return self.remote.session(env_name, settings, spec.task)
+            return self.remote.session(env_name, settings, spec.task, episode_id)
         if resolve_hosting(self.config, env_cls) == "inline":
             return InlineSession(env_cls, spec.task)
         handle = self.handles.get(env_name)

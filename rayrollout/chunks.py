@@ -48,6 +48,7 @@ def summarize(row: dict[str, Any]) -> dict[str, Any]:
         "environment": row["environment"],
         "status": row["status"],
         "reward": row["reward"],
+        "close_error": row["close_error"] is not None,
         "metrics": summary_metrics,
         "turns": [{"seconds": turn["seconds"]} for turn in row["turns"]],
     }

@@ -104,9 +104,10 @@ async def run_episode(
         try:
             await session.close()
         except Exception as exc:
-            if trajectory.error is None:
-                trajectory.status = "error"
-                trajectory.error = f"closing the environment failed: {type(exc).__name__}: {exc}"
+            # The episode is over and scored (or failed for its own reason): a session that
+            # would not close is the server's leak, not a wrong reward, so it is recorded and
+            # counted beside the status instead of replacing it.
+            trajectory.close_error = f"{type(exc).__name__}: {exc}"
     trajectory.messages = messages
     metrics.seconds_total = time.perf_counter() - started
     return trajectory

@@ -1,10 +1,12 @@
 """NeMo Gym's resources-server protocol: remote environments, and the episode in its shapes.
 
 A NeMo Gym resources server is an HTTP service with ``POST /seed_session`` (start an
-episode; the server sets a session cookie), ``POST /<tool_name>`` (one tool call, its JSON
-arguments as the body, the tool's output as the response), ``POST /verify`` (the task's
-``responses_create_params`` and the episode as a Responses-API ``response``; answers with
-``reward`` and whatever explains it) and ``POST /close_session``. This module speaks it in
+episode with the task row; the server sets a session cookie), ``POST /<tool_name>`` (one
+tool call, its JSON arguments as the body, the tool's output as the response), ``POST
+/verify`` (the whole task row plus the episode as a Responses-API ``response``, exactly what
+NeMo Gym's own agents send; answers with ``reward`` and whatever explains it), ``POST
+/close_session`` (0.7.0: ``{resources_session_id, episode_id}``) and ``POST
+/aggregate_metrics`` (run-level figures from the verify answers). This module speaks it in
 both directions:
 
 * ``RemoteSession`` is the third ``EnvSession`` kind (beside inline and Serve): an episode
@@ -43,16 +45,16 @@ __all__ = [
     "episode_response",
     "items_to_messages",
     "responses_create_params",
+    "rollout_id",
     "seed_body",
 ]
 
-PROTOCOL_ROUTES = frozenset({"seed_session", "verify", "close_session"})
+PROTOCOL_ROUTES = frozenset({"seed_session", "verify", "close_session", "aggregate_metrics"})
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+_NOT_DETAILS = frozenset({"reward", "response", "responses_create_params"})
 _BACKOFF_S = 0.25
 _MAX_BACKOFF_S = 4.0
-# Fields of a verify response that echo the request; everything else explains the reward.
-_ECHOED = ("responses_create_params", "response", "reward")
 
 
 class NemoGymError(RuntimeError):
@@ -144,7 +146,7 @@ def episode_response(task: Task, messages: list[Message], model: str = "") -> di
     return {
         "id": f"resp_{uuid.uuid4().hex}",
         "object": "response",
-        "created_at": int(time.time()),
+        "created_at": time.time(),
         "model": model,
         "status": "completed",
         "output": output,
@@ -177,7 +179,7 @@ def items_to_messages(items: Any) -> list[Message]:
     for item in items or []:
         if not isinstance(item, dict):
             continue
-        kind = item.get("type", "message")
+        kind = item.get("type") or "message"  # null in Parquet rows whose items differ
         if kind == "function_call":
             call = ToolCall(
                 id=str(item.get("call_id") or item.get("id") or f"call_{len(messages)}"),
@@ -222,11 +224,13 @@ class NemoGymConnections:
             self._connector = aiohttp.TCPConnector(limit=self.limit, keepalive_timeout=30)
         return self._connector
 
-    def session(self, name: str, config: EnvironmentConfig, task: Task) -> RemoteSession:
+    def session(
+        self, name: str, config: EnvironmentConfig, task: Task, episode_id: str = ""
+    ) -> RemoteSession:
         """A new episode's session against the server at ``config.url``."""
         if config.url is None:
             raise ValueError(f"environment '{name}' has no url: set environments.{name}.url")
-        return RemoteSession(self, name, config, task)
+        return RemoteSession(self, name, config, task, episode_id)
 
     async def close(self) -> None:
         if self._connector is not None:
@@ -245,9 +249,15 @@ class RemoteSession:
     """
 
     def __init__(
-        self, pool: NemoGymConnections, name: str, config: EnvironmentConfig, task: Task
+        self,
+        pool: NemoGymConnections,
+        name: str,
+        config: EnvironmentConfig,
+        task: Task,
+        episode_id: str = "",
     ) -> None:
         self.pool = pool
+        self.session_id = rollout_id(episode_id or uuid.uuid4().hex)
         self.name = name
         self.config = config
         self.base_url = (config.url or "").rstrip("/")
@@ -344,10 +354,9 @@ class RemoteSession:
         return ToolResult(content=content)
 
     async def verify(self, episode: Episode) -> Verification:
-        body = {
-            "responses_create_params": responses_create_params(self.task),
-            "response": episode_response(self.task, episode.messages),
-        }
+        # The whole task row, as NeMo Gym's own agents send it: verifiers read their own
+        # fields from it (expected_result, id, ...) and 422 without them.
+        body = {**seed_body(self.task), "response": episode_response(self.task, episode.messages)}
         status, text = await self._post("verify", body)
         if status >= 400:
             raise self._fail("verify", status, text)
@@ -364,8 +373,25 @@ class RemoteSession:
                 f"NeMo Gym server '{self.name}' gave reward {reward}, outside [0, 1]; "
                 "rayrollout rewards are in [0, 1]: rescale it in the server's verify"
             )
-        details = {k: v for k, v in answer.items() if k not in _ECHOED}
+        # A verify answer echoes its request (the episode and request re-serialized by the
+        # server's models); what it adds or changes beside them explains the reward.
+        details = {
+            k: v
+            for k, v in answer.items()
+            if k not in _NOT_DETAILS and (k not in body or body[k] != v)
+        }
         return Verification(reward=reward, details=details)
+
+    def close_body(self) -> dict[str, Any]:
+        """``/close_session``'s body in 0.7.0's form: the session and the episode it served.
+
+        The server's state is keyed by its cookie (sent with the request) or by this id; a
+        server with nothing to release answers either way.
+        """
+        return {
+            "resources_session_id": self.session_id,
+            "episode_id": {"rollout_id": self.session_id, "attempt": 0},
+        }
 
     async def close(self) -> None:
         if self.http is None:
@@ -373,13 +399,23 @@ class RemoteSession:
         try:
             if not self.seeded:  # no session was opened, so there is none to close
                 return
-            status, text = await self._post("close_session", {})
+            status, text = await self._post("close_session", self.close_body())
             # Older resources servers have no /close_session: nothing to release there.
             if status >= 400 and status not in (404, 405):
                 raise self._fail("close_session", status, text)
         finally:
             await self.http.close()
             self.http = None
+
+
+def rollout_id(episode_id: str) -> str:
+    """An episode id in the form NeMo Gym's ``EpisodeId.rollout_id`` accepts.
+
+    That field allows ``[A-Za-z0-9._-]`` and must start with a letter or digit; rayrollout's
+    ids (``task:sample:hex``) carry the task id, which may hold anything.
+    """
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", episode_id)
+    return safe if safe[:1].isalnum() else f"r{safe}"
 
 
 def _tool_output(text: str) -> str:

@@ -94,9 +94,15 @@ def summary_table(snapshot: dict[str, Any]) -> Table:
             f"{stats.percentile(0.5):.2f}/{stats.percentile(0.95):.2f}",
             f"{stats.mean_queued_s:.2f}",
             "/".join(f"{100 * v:.0f}" for v in stats.time_split().values()),
-            ", ".join(f"{k}={v}" for k, v in sorted(stats.statuses.items())) or "-",
+            _statuses(stats),
         )
     return table
+
+
+def _statuses(stats: EnvStats) -> str:
+    """Statuses with their counts, and sessions that failed to close (their rows say why)."""
+    text = ", ".join(f"{k}={v}" for k, v in sorted(stats.statuses.items())) or "-"
+    return f"{text}, close failed={stats.close_errors}" if stats.close_errors else text
 
 
 def _writer_line(snapshot: dict[str, Any]) -> str:

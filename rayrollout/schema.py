@@ -107,9 +107,11 @@ class Task(_Model):
 
     @field_validator("prompt")
     @classmethod
-    def _prompt_has_user_text(cls, prompt: list[Message]) -> list[Message]:
-        if not any(m.role == "user" and (m.content or "").strip() for m in prompt):
-            raise ValueError("the prompt holds no user message with text")
+    def _prompt_has_text(cls, prompt: list[Message]) -> list[Message]:
+        # A system prompt alone is a prompt: NeMo Gym tasks whose first user turn comes from
+        # the environment (a Gymnasium /reset, a simulated customer) open with it only.
+        if not any(m.role in ("system", "user") and (m.content or "").strip() for m in prompt):
+            raise ValueError("the prompt holds no system or user message with text")
         return prompt
 
 
@@ -216,6 +218,12 @@ class Trajectory(_Model):
     )
     status: Status = "ok"
     error: str | None = None
+    close_error: str | None = Field(
+        default=None,
+        description="Closing the environment session failed after the episode ended. The "
+        "status and reward stand (the verifier had spoken); the server may hold the session's "
+        "state until it expires.",
+    )
     metrics: EpisodeMetrics = Field(default_factory=EpisodeMetrics)
     task_fields: Annotated[dict[str, Any], JsonColumn] = Field(
         default_factory=dict, description="The task's verifier fields, for exports and debugging."

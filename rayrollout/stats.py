@@ -23,6 +23,9 @@ class EnvStats(BaseModel):
     episodes: int = 0
     reward_sum: float = 0.0
     statuses: dict[str, int] = Field(default_factory=dict)
+    close_errors: int = Field(
+        default=0, description="Episodes whose environment session failed to close."
+    )
     turns: int = 0
     tool_calls: int = 0
     seconds_model: float = Field(default=0.0, description="Summed over episodes.")
@@ -82,6 +85,7 @@ class RunStats:
                 stats.episodes += 1
                 stats.reward_sum += row["reward"]
                 stats.statuses[row["status"]] = stats.statuses.get(row["status"], 0) + 1
+                stats.close_errors += bool(row.get("close_error"))
                 metrics = row["metrics"]
                 stats.turns += metrics["turns"]
                 stats.tool_calls += metrics["tool_calls"]
@@ -108,6 +112,7 @@ class RunStats:
             "elapsed_s": elapsed,
             "mean_reward": self.total.mean_reward,
             "errors": self.total.errors,
+            "close_errors": self.total.close_errors,
             "statuses": dict(self.total.statuses),
             "time_split": self.total.time_split(),
             "mean_queued_s": self.total.mean_queued_s,
@@ -116,6 +121,7 @@ class RunStats:
                     "episodes": s.episodes,
                     "mean_reward": s.mean_reward,
                     "errors": s.errors,
+                    "close_errors": s.close_errors,
                     "statuses": dict(s.statuses),
                     "turns_per_episode": s.turns / s.episodes if s.episodes else 0.0,
                     "p50_s": s.percentile(0.5),

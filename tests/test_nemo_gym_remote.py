@@ -37,7 +37,9 @@ COOKIE = "nemo_gym_session"
 class ResourcesServer:
     """A NeMo Gym-style weather resources server that records every call per session."""
 
-    def __init__(self, fail_first: int = 0) -> None:
+    def __init__(self, fail_first: int = 0, close_status: int = 200) -> None:
+        self.close_status = close_status
+        self.close_bodies: list[dict] = []
         self.calls: dict[str, list[str]] = defaultdict(list)
         self.verify_bodies: list[dict] = []
         self.seed_bodies: list[dict] = []
@@ -92,9 +94,16 @@ class ResourcesServer:
         called = [i for i in body["response"]["output"] if i["type"] == "function_call"]
         return {**body, "reward": 1.0 if called else 0.0, "tool_calls_seen": len(called)}
 
-    async def close_session(self, request: Request) -> dict:
+    async def close_session(self, request: Request) -> JSONResponse:
         self.calls[self.session(request)].append("close_session")
-        return {}
+        body = await request.json()
+        self.close_bodies.append(body)
+        if not body.get("resources_session_id") or "rollout_id" not in body.get("episode_id", {}):
+            # NeMo Gym 0.7.0 requires both (ResourcesCloseSessionRequest).
+            return JSONResponse({"detail": "Field required"}, status_code=422)
+        return JSONResponse(
+            {"resources_session_id": body["resources_session_id"]}, status_code=self.close_status
+        )
 
 
 runner = CliRunner()
@@ -152,7 +161,8 @@ def test_collect_with_env_url_plays_every_episode_on_the_remote_server(tmp_path,
         json.dumps(r, sort_keys=True) for r in rows for _ in range(2)
     )
     for body in server.verify_bodies + yaml_server.verify_bodies:
-        assert body["responses_create_params"] in [r["responses_create_params"] for r in rows]
+        # The whole task row, as NeMo Gym's agents send it: every verifier field is there.
+        assert {k: v for k, v in body.items() if k != "response"} in [*rows, extra]
         response = Response.model_validate(body["response"])
         kinds = [item.type for item in response.output]
         assert kinds == ["function_call", "function_call_output", "message"]
@@ -262,3 +272,25 @@ def test_env_url_flag_needs_a_name_and_an_http_url():
         EnvironmentConfig(url="h:1")
     with pytest.raises(ValueError, match="drop 'path' and 'hosting'"):
         EnvironmentConfig(url="http://h:1", hosting="serve")
+
+
+def test_a_session_that_fails_to_close_keeps_its_reward_and_is_counted(tmp_path, serve_session):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(NEMO_GYM_TASKS.read_text().splitlines()[0] + "\n")
+    with ResourcesServer(close_status=500) as server:
+        frame = collect(
+            tmp_path,
+            serve_session,
+            tasks,
+            "--env",
+            "gym_weather",
+            "--env-url",
+            f"gym_weather={server.url}",
+            environments={"gym_weather": {"url": server.url, "max_retries": 1}},
+        )
+    assert frame["status"].tolist() == ["ok"] and frame["reward"].tolist() == [1.0]
+    assert "answered HTTP 500 to POST /close_session" in frame["close_error"][0]
+    # Each close named its session and episode in 0.7.0's form, the same id in both.
+    for body in server.close_bodies:
+        assert body["resources_session_id"] == body["episode_id"]["rollout_id"]
+        assert body["episode_id"]["attempt"] == 0

@@ -53,3 +53,17 @@ def test_summary_table_has_a_row_per_environment_and_a_total():
     console.print(table)
     text = console.export_text()
     assert "weather" in text and "math" in text  # names are never cut at 80 columns
+
+
+def test_sessions_that_failed_to_close_are_counted_beside_the_statuses():
+    failed_close = {**row("a", 1.0), "close_error": "NemoGymError: HTTP 500 to /close_session"}
+    stats = RunStats()
+    stats.add([failed_close, row("a", 1.0), row("b", 1.0)])
+    summary = stats.summary()
+    assert summary["close_errors"] == 1 and summary["errors"] == 0
+    assert summary["by_env"]["a"]["close_errors"] == 1
+    assert summary["by_env"]["b"]["close_errors"] == 0
+    console = Console(width=200, record=True)
+    console.print(summary_table({**stats.snapshot(), "episodes_per_s": 1.0}))
+    text = console.export_text()
+    assert text.count("close failed=1") == 2  # environment a, and the total

@@ -1,0 +1,159 @@
+"""NeMo Gym 0.7.0 as the ``nemo_gym`` tier uses it: its venv, its unpacked wheel, ``ng_run``.
+
+NeMo Gym pins its own openai/fastapi/ray versions, so it lives in its own venv
+(``.venv-nemo-gym``, or ``$NEMO_GYM_VENV``; ``.ci/nemo_gym`` builds it), with the unpacked
+wheel (its servers, agents, configs and example datasets) in ``<venv>/src``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+NG_VENV = Path(os.environ.get("NEMO_GYM_VENV", ROOT / ".venv-nemo-gym"))
+NG_SRC = NG_VENV / "src"
+READY = re.compile(r"All \d+ / \d+ servers ready")
+READY_TIMEOUT_S = 300.0  # measured 10-12 s for three servers on an idle machine; loads of 20+ here
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def server_config(kind: str, name: str) -> dict[str, Any]:
+    """The ``kind`` blocks (e.g. ``resources_servers``) of a NeMo Gym server's own config."""
+    path = NG_SRC / kind / name / "configs" / f"{name}.yaml"
+    config = yaml.safe_load(path.read_text())
+    return {
+        top: block
+        for top, block in config.items()
+        if isinstance(block, dict) and kind in block and name in block[kind]
+    }
+
+
+def resources_server_block(name: str, port: int) -> dict[str, Any]:
+    """NeMo Gym's own config of resources server ``name`` alone, pinned to 127.0.0.1:port."""
+    blocks = server_config("resources_servers", name)
+    if not blocks:
+        raise LookupError(f"resources server {name!r} has no config block in {NG_SRC}")
+    top, block = next(iter(blocks.items()))
+    block["resources_servers"][name].update({"host": "127.0.0.1", "port": port})
+    return {top: block}
+
+
+def _session_pids(sid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:  # field 6 of stat: the session id
+            pids.append(int(entry.name))
+    return pids
+
+
+class NemoGymRun:
+    """NeMo Gym's ``ng_run`` serving the given config blocks, in a session of its own.
+
+    uv is not on this machine, so every server's per-server venv is a symlink to the one
+    venv NeMo Gym is installed in (``+skip_venv_if_present``). ``RAY_ADDRESS=local`` keeps
+    ng_run off any Ray the test session started. Stopping sends SIGINT (ng_run's graceful
+    shutdown), then ends whatever is left in the session by PID.
+    """
+
+    def __init__(self, blocks: dict[str, Any], workdir: Path) -> None:
+        self.blocks = blocks
+        self.workdir = workdir
+        self.head_port = free_port()
+        self.log_path = workdir / "ng_run.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def _venv_links(self) -> Path:
+        venvs = self.workdir / "venvs"
+        for block in self.blocks.values():
+            for kind, servers in block.items():
+                for name in servers:
+                    link = venvs / kind / name / ".venv"
+                    link.parent.mkdir(parents=True, exist_ok=True)
+                    if not link.exists():
+                        link.symlink_to(NG_VENV)
+        return venvs
+
+    def start(self) -> NemoGymRun:
+        config = self.workdir / "ng_config.yaml"
+        config.write_text(yaml.safe_dump(self.blocks))
+        env = {**os.environ, "RAY_ADDRESS": "local", "RAY_USAGE_STATS_ENABLED": "0"}
+        env["PATH"] = f"{NG_VENV / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+        env["VIRTUAL_ENV"] = str(NG_VENV)
+        env.pop("PYTHONPATH", None)
+        command = [
+            str(NG_VENV / "bin" / "ng_run"),
+            f"+config_paths=[{config}]",
+            "+skip_venv_if_present=true",
+            f"+uv_venv_dir={self._venv_links()}",
+            f"+head_server={{host: 127.0.0.1, port: {self.head_port}}}",
+            # Access-log lines for 200s too: tests count the requests each server answered.
+            "+uvicorn_logging_show_200_ok=true",
+        ]
+        log = self.log_path.open("wb")
+        self.process = subprocess.Popen(
+            command,
+            cwd=NG_SRC,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if READY.search(self.log_path.read_text(errors="replace")):
+                return self
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.5)
+        tail = self.log_path.read_text(errors="replace")[-4000:]
+        self.stop()
+        raise RuntimeError(f"ng_run did not get its servers ready:\n{tail}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        sid = self.process.pid
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+        for pid in _session_pids(sid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.process.poll() is None:
+            self.process.wait(timeout=10)
+        self.process = None
+
+    def __enter__(self) -> NemoGymRun:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
