@@ -441,7 +441,14 @@ def export(
     source: Annotated[
         Path, typer.Argument(help="Output folder of a run (Parquet or JSONL parts).")
     ],
-    out: Annotated[Path, typer.Argument(help="File to write: .jsonl or .parquet (by suffix).")],
+    out: Annotated[
+        Path,
+        typer.Argument(
+            help="File to write: .jsonl or .parquet (by suffix). nemo-gym also writes "
+            "<stem>_failures.jsonl (failed episodes) and <stem>_materialized_inputs.jsonl "
+            "beside it, as NeMo Gym's rollout collection does."
+        ),
+    ],
     min_reward: Annotated[
         float, typer.Option("--min-reward", help="sft: least reward of an 'ok' trajectory kept.")
     ] = 1.0,
@@ -463,6 +470,15 @@ def export(
         f"({summary.rows_read} trajectories read from {source})",
         highlight=False,
     )
+    if kind == "nemo-gym":
+        from rayrollout.export import nemo_gym_files
+
+        files = nemo_gym_files(out)
+        console.print(
+            f"and {summary.failures_written} failed episode(s) to {files['failures']}, the "
+            f"inputs to {files['inputs']} (NeMo Gym's rollout files)",
+            highlight=False,
+        )
 
 
 @env_app.command("list")
@@ -564,6 +580,15 @@ def env_serve(
     port: Annotated[int, typer.Option("--port", help="Serve HTTP port.")] = 8000,
     host: Annotated[str, typer.Option("--host", help="Serve HTTP bind address.")] = "127.0.0.1",
     namespace: Annotated[str, typer.Option("--namespace", help="Ray namespace.")] = "rayrollout",
+    route_prefix: Annotated[
+        str,
+        typer.Option(
+            "--route-prefix",
+            help="Where the routes live on the port. The default '/' is what NeMo Gym's agents "
+            "expect (they address a resources server by host:port); give a path to serve "
+            "several environments on one Serve port.",
+        ),
+    ] = "/",
     detach: Annotated[
         bool, typer.Option("--detach", help="Deploy and return instead of waiting for Ctrl-C.")
     ] = False,
@@ -577,14 +602,27 @@ def env_serve(
         ),
     ] = DEFAULT_SESSION_IDLE_TIMEOUT_S,
 ) -> None:
-    """Serve an environment over NeMo Gym's resources-server HTTP protocol (for NeMo Gym agents)."""
+    """Serve an environment over NeMo Gym's resources-server HTTP protocol (for NeMo Gym agents).
+
+    NeMo Gym's simple_agent and ng_collect_rollouts use it at http://HOST:PORT as they use
+    their own resources servers (see README, "NeMo Gym").
+    """
+    import os
     import time
 
+    import ray
     from ray import serve
 
-    from rayrollout.hosting import environment_app, environment_app_name, environment_route
+    from rayrollout.hosting import environment_app, environment_app_name
     from rayrollout.services import ensure_ray, ensure_serve
 
+    if not route_prefix.startswith("/"):
+        console.print(
+            f"[red]error[/red] --route-prefix must start with '/', got {route_prefix!r}",
+            highlight=False,
+        )
+        raise typer.Exit(2)
+    route = route_prefix.rstrip("/") or "/"
     try:
         env_cls = load_environment(name)
     except UnknownEnvironmentError as exc:
@@ -593,29 +631,38 @@ def env_serve(
     config = RunConfig.model_validate(
         {"namespace": namespace, "ray": {"serve_port": port, "serve_host": host}}
     )
+    started_ray = not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")
     ensure_ray(config)
     ensure_serve(config)
-    route = environment_route(namespace, env_cls.name)
     app = environment_app(
         f"{env_cls.__module__}:{env_cls.__qualname__}",
         num_replicas=replicas,
         session_idle_timeout_s=session_idle_timeout,
     )
     serve.run(app, name=environment_app_name(namespace, env_cls.name), route_prefix=route)
-    url = f"http://{host}:{port}{route}"
+    url = f"http://{host}:{port}{'' if route == '/' else route}"
     console.print(
         f"environment '{env_cls.name}' speaks NeMo Gym's protocol at {url} (POST /seed_session, "
-        "/<tool>, /verify, /close_session; GET / lists the tools)",
+        "/<tool>, /verify, /close_session, /aggregate_metrics; GET / lists the tools)",
         highlight=False,
     )
     typer.echo(url)
     if detach:
         return
+    # A supervisor (NeMo Gym's ng_run) stops servers with SIGINT and SIGKILLs what is still
+    # up a second later; SIGTERM is the other usual stop. Both end the serve loop at once.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
-        serve.delete(environment_app_name(namespace, env_cls.name))
+        if started_ray:
+            # The Ray this command started goes with it, and Serve in it: ray.shutdown ends
+            # every daemon now (measured 1.4 s), where waiting on serve.delete first left
+            # Ray's dashboard agent orphaned when the supervisor's SIGKILL came.
+            ray.shutdown()
+        else:
+            serve.delete(environment_app_name(namespace, env_cls.name))
 
 
 @env_app.command("tasks")

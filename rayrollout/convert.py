@@ -18,8 +18,13 @@ __all__ = [
 
 
 def chat_tools_to_responses(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Chat function tools (``{"type", "function": {...}}``) in Responses form (flat)."""
-    return [{"type": "function", **tool["function"]} for tool in tools]
+    """Chat function tools (``{"type", "function": {...}}``) in Responses form (flat).
+
+    ``strict`` is always present (``None`` when the schema does not say): the Responses
+    API's ``FunctionToolParam`` requires the key, and NeMo Gym's request models reject a
+    tool without it.
+    """
+    return [{"type": "function", "strict": None, **tool["function"]} for tool in tools]
 
 
 def messages_to_responses_input(messages: list[Message]) -> list[dict[str, Any]]:

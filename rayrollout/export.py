@@ -8,7 +8,7 @@ logprobs: most of a row's bytes, and no export needs them). DPO pairs and verl's
 rows need every sample of a task first: a first pass reads only ``task_id``,
 ``sample_index``, ``reward`` and ``status`` and keeps a few numbers per task; a second pass
 converts only the rows it picked. The four formats share that reader and the two passes,
-which is why they live in one module (over 500 lines, mostly the formats' own docs below).
+which is why they live in one module (over 700 lines, mostly the formats' own docs below).
 
 The formats, as their projects define them:
 
@@ -22,12 +22,20 @@ The formats, as their projects define them:
   unrelated schemas into one struct full of nulls. In Parquet, message lists are Arrow's
   canonical JSON extension type, which ``datasets`` (>= 4.7) reads as ``List(Json)``, like
   the same rows in JSONL: each message keeps exactly its own keys.
-* **NeMo Gym rollouts** (``nemo_gym/base_resources_server.py``: ``BaseVerifyResponse`` =
-  ``responses_create_params`` + ``response`` + ``reward``; ``nemo_gym/rollout_collection.py``
-  adds ``_ng_task_index``, ``_ng_rollout_index`` and ``agent_ref`` to each JSONL line; extra
-  verifier fields sit beside them): JSONL only, as NeMo Gym writes them. ``response`` is a
-  Responses-API response whose ``output`` holds ``message``, ``function_call`` and
-  ``function_call_output`` items (NeMo Gym's ``NeMoGymResponse``).
+* **NeMo Gym rollouts** (0.7.0): JSONL only, the three files its rollout collection
+  (``nemo_gym/rollout_collection.py``) leaves beside ``OUT``, named as
+  ``nemo_gym/path_utils.py`` names them. ``OUT`` holds one ``BaseVerifyResponse``
+  (``nemo_gym/base_resources_server.py``: ``responses_create_params`` + ``response`` +
+  ``reward``, extra verifier fields beside them) per verified episode; ``response`` is a
+  Responses-API response (``NeMoGymResponse``) whose ``output`` holds ``message``,
+  ``function_call`` and ``function_call_output`` items. ``<stem>_failures.jsonl`` holds the
+  episodes that failed, one row each with ``_ng_failure_class`` and no ``reward`` (an
+  infrastructure failure is not a score of zero), so NeMo Gym's aggregation leaves them out
+  of the score. ``<stem>_materialized_inputs.jsonl`` holds every episode's input row, which
+  ``gym eval profile`` and reverification pair with the rollouts. Every row of the three
+  carries the keys the collector stamps on its records: ``_ng_task_index``,
+  ``_ng_rollout_index``, ``agent_ref`` (where the task had one) and
+  ``_ng_environment_server``; rollout and failure rows also ``_ng_result_type``.
 * **verl** (``docs/preparation/prepare_data.rst``): one row per task with ``data_source``,
   ``prompt`` (chat messages), ``ability``, ``reward_model`` ``{"style": "rule",
   "ground_truth": ...}`` and ``extra_info``: prompts for verl to roll out itself.
@@ -45,15 +53,15 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 
-from rayrollout.nemo_gym import episode_response, responses_create_params
+from rayrollout.nemo_gym import episode_response, responses_create_params, seed_body
 from rayrollout.schema import Message, Task, Trajectory
 
 __all__ = [
@@ -63,6 +71,9 @@ __all__ = [
     "chat_message",
     "dpo_row",
     "export_run",
+    "nemo_gym_failure_row",
+    "nemo_gym_files",
+    "nemo_gym_input_row",
     "nemo_gym_row",
     "sft_row",
     "split_prompt",
@@ -76,6 +87,14 @@ _KEY_COLUMNS = frozenset({"task_id", "sample_index", "reward", "status"})
 _BATCH = 256
 # Verified episodes: NeMo Gym's main rollouts file holds these; failures go to a sidecar.
 _VERIFIED = frozenset({"ok", "max_turns", "truncated"})
+# A failed episode's ``_ng_failure_class``, from NeMo Gym's shared vocabulary
+# (``nemo_gym/failure_kinds.py``): the episode ran and broke (a tool, the policy, the
+# verifier), or ran out of time. Neither holds a reward, as NeMo Gym's own failure rows.
+_FAILURE_CLASSES = {"error": "agent_run_error", "timeout": "agent_timeout"}
+# 0.7.0 stamps each record with the implementation that produced it. Ours is what its
+# ``legacy_agent`` relays: an episode the agent owned, answered by the resources server's
+# /verify (a ``BaseVerifyResponse``), which is the shape reverification reads.
+_NG_RESULT_TYPE = "legacy_agent"
 # Task fields that hold the reference answer, in the order they are looked for.
 _ANSWER_FIELDS = ("expected_answer", "ground_truth", "reference_answer", "answer")
 # Rewards are floats: 0.7 - 0.2 is 0.49999999999999994, which a 0.5 gap should still take.
@@ -88,13 +107,19 @@ class ExportError(ValueError):
 
 @dataclass
 class ExportSummary:
-    """What an export read and wrote (the row sources count into it as they go)."""
+    """What an export read and wrote (the row sources count into it as they go).
+
+    ``rows_written`` counts ``out``'s rows; ``nemo-gym`` also writes the files in ``files``
+    beside it, and ``failures_written`` counts the failed episodes in its failures file.
+    """
 
     kind: str
     out: Path
     rows_read: int = 0
     rows_written: int = 0
     tasks: int = 0
+    failures_written: int = 0
+    files: list[Path] = field(default_factory=list)
 
 
 # Conversions: one trajectory (or a pair) to one row.
@@ -164,17 +189,84 @@ def dpo_row(chosen: Trajectory, rejected: Trajectory) -> dict[str, Any]:
     }
 
 
+def nemo_gym_files(out: str | Path) -> dict[str, Path]:
+    """The files of a NeMo Gym rollout collection whose rollouts file is ``out``.
+
+    Named as NeMo Gym's ``failures_path_for`` and ``materialized_path_for`` name them, so its
+    tools (``gym eval profile``, ``aggregate``, reverification) find them from ``out`` alone.
+    """
+    out = Path(out)
+    return {
+        "rollouts": out,
+        "failures": out.with_name(f"{out.stem}_failures.jsonl"),
+        "inputs": out.with_name(f"{out.stem}_materialized_inputs.jsonl"),
+    }
+
+
+def nemo_gym_input_row(trajectory: Trajectory, task_index: int) -> dict[str, Any]:
+    """The episode's materialized input row: the task row NeMo Gym would have dispatched.
+
+    It is the body rayrollout sent to ``/verify`` less the response (a NeMo Gym row's own
+    fields, else ``responses_create_params`` built from the prompt and tools plus the task's
+    fields), so NeMo Gym's reverification, which posts this row plus the rollout's
+    ``response``, asks the verifier what rayrollout asked it.
+    """
+    return {
+        **seed_body(_task(trajectory)),
+        "task_id": trajectory.task_id,
+        **_stamps(trajectory, task_index, result=False),
+    }
+
+
 def nemo_gym_row(trajectory: Trajectory, task_index: int) -> dict[str, Any]:
-    """One NeMo Gym rollout row, as ``ng_collect_rollouts`` writes them.
+    """One NeMo Gym rollout row of a verified episode, as ``ng_collect_rollouts`` writes them.
 
     A NeMo Gym task row's own ``responses_create_params`` is kept as it was (its verifiers
     read fields of it); other rows get one built from the prompt and the tools offered. The
     verifier's details and the task's fields sit beside ``reward``, as a resources server's
     verify answer puts them, so the row can be verified again.
     """
+    task = _task(trajectory)
+    fields = {k: v for k, v in trajectory.task_fields.items() if k != "responses_create_params"}
+    row: dict[str, Any] = {**fields, **trajectory.verification}
+    row.update(
+        responses_create_params=responses_create_params(task),
+        response=_response(trajectory, task),
+        reward=trajectory.reward,
+        task_id=trajectory.task_id,
+        **_stamps(trajectory, task_index),
+    )
+    return row
+
+
+def nemo_gym_failure_row(trajectory: Trajectory, task_index: int) -> dict[str, Any]:
+    """One row of NeMo Gym's failures file for an episode that failed (``error``, ``timeout``).
+
+    As NeMo Gym's own failure rows: the failure's class and message and no ``reward`` (a
+    failure is not a verifier's zero; its aggregation counts one only when asked to), and
+    what the episode produced before it failed as ``_ng_failure_partial_response``.
+    """
+    if trajectory.status not in _FAILURE_CLASSES:
+        raise ExportError(
+            f"task '{trajectory.task_id}' sample {trajectory.sample_index}: status "
+            f"'{trajectory.status}' is not a failure ({', '.join(_FAILURE_CLASSES)})"
+        )
+    response = _response(trajectory, _task(trajectory))
+    response["status"] = "failed"
+    return {
+        "task_id": trajectory.task_id,
+        "_ng_failure_class": _FAILURE_CLASSES[trajectory.status],
+        "_ng_failure_message": trajectory.error or f"episode ended with '{trajectory.status}'",
+        "_ng_failure_partial_response": response,
+        **_stamps(trajectory, task_index),
+    }
+
+
+def _task(trajectory: Trajectory) -> Task:
+    """The task the episode played, rebuilt from its prompt, tools and fields."""
     prompt, _ = split_prompt(trajectory)
     try:
-        task = Task(
+        return Task(
             task_id=trajectory.task_id,
             environment=trajectory.environment,
             prompt=prompt,
@@ -186,9 +278,15 @@ def nemo_gym_row(trajectory: Trajectory, task_index: int) -> dict[str, Any]:
             f"task '{trajectory.task_id}' sample {trajectory.sample_index}: its prompt is not "
             f"a task prompt ({exc.errors()[0]['msg']})"
         ) from None
+
+
+def _response(trajectory: Trajectory, task: Task) -> dict[str, Any]:
+    """The episode as a Responses-API response, stable across exports of the same folder."""
     response = episode_response(task, trajectory.messages, trajectory.model)
-    response["id"] = f"resp_{trajectory.task_id}_{trajectory.sample_index}"  # stable
-    response["created_at"] = int(trajectory.created_at.timestamp())
+    response["id"] = f"resp_{trajectory.task_id}_{trajectory.sample_index}"
+    # Unix seconds as a float: the openai ``Response`` model that NeMoGymResponse extends
+    # types it ``float``, so every response NeMo Gym dumps holds a float here.
+    response["created_at"] = trajectory.created_at.timestamp()
     if trajectory.status == "truncated":
         response["status"] = "incomplete"
         response["incomplete_details"] = {"reason": "max_output_tokens"}
@@ -200,17 +298,29 @@ def nemo_gym_row(trajectory: Trajectory, task_index: int) -> dict[str, Any]:
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": metrics.tokens_in + metrics.tokens_out,
     }
-    fields = {k: v for k, v in trajectory.task_fields.items() if k != "responses_create_params"}
-    row: dict[str, Any] = {**fields, **trajectory.verification}
-    row.update(
-        responses_create_params=responses_create_params(task),
-        response=response,
-        reward=trajectory.reward,
-        task_id=trajectory.task_id,
+    return response
+
+
+def _stamps(trajectory: Trajectory, task_index: int, result: bool = True) -> dict[str, Any]:
+    """The keys NeMo Gym's collector puts on the rows it writes, for this episode.
+
+    ``agent_ref`` is the task row's own, where it had one (a NeMo Gym row). The environment
+    that ran the episode stands as the environment server: NeMo Gym's reports group rows by
+    it (``rollout_run_key``), so rows without an ``agent_ref`` still group by environment.
+    ``_ng_result_type`` describes a result, so input rows go without it, as NeMo Gym's do.
+    """
+    stamps: dict[str, Any] = {}
+    agent_ref = trajectory.task_fields.get("agent_ref")
+    if isinstance(agent_ref, dict):
+        stamps["agent_ref"] = agent_ref
+    stamps.update(
         _ng_task_index=task_index,
         _ng_rollout_index=trajectory.sample_index,
+        _ng_environment_server=trajectory.environment,
     )
-    return row
+    if result:
+        stamps["_ng_result_type"] = _NG_RESULT_TYPE
+    return stamps
 
 
 def verl_row(
@@ -406,14 +516,35 @@ def _dpo_rows(parts: list[Path], counts: ExportSummary, min_gap: float) -> Itera
             yield dpo_row(pair["chosen"], pair["rejected"])
 
 
-def _nemo_gym_rows(parts: list[Path], counts: ExportSummary) -> Iterator[dict]:
+def _nemo_gym_rows(parts: list[Path], counts: ExportSummary) -> Iterator[tuple[str, dict]]:
+    """(file, row) for the three NeMo Gym files: every episode's input row, then its
+    rollout row if it was verified, else its failure row.
+
+    Tasks are numbered in the order they first appear. NeMo Gym keys rows by (task index,
+    rollout index) and its profiler rejects a key seen twice, so a second row for the same
+    task and sample (two runs' parts in one folder) is an error here; the keys are the only
+    per-row state kept.
+    """
     task_index: dict[str, int] = {}
+    seen: dict[str, set[int]] = {}
     for where, row in _rows(parts):
         counts.rows_read += 1
-        if row.get("status") in _VERIFIED:
-            trajectory = _trajectory(where, row)
-            index = task_index.setdefault(trajectory.task_id, len(task_index))
-            yield nemo_gym_row(trajectory, index)
+        trajectory = _trajectory(where, row)
+        samples = seen.setdefault(trajectory.task_id, set())
+        if trajectory.sample_index in samples:
+            raise ExportError(
+                f"{where}: task '{trajectory.task_id}' sample {trajectory.sample_index} is "
+                "already in an earlier row; NeMo Gym needs one row per task and sample (is the "
+                "folder two runs' parts?)"
+            )
+        samples.add(trajectory.sample_index)
+        index = task_index.setdefault(trajectory.task_id, len(task_index))
+        counts.tasks = len(task_index)
+        yield "inputs", nemo_gym_input_row(trajectory, index)
+        if trajectory.status in _VERIFIED:
+            yield "rollouts", nemo_gym_row(trajectory, index)
+        else:
+            yield "failures", nemo_gym_failure_row(trajectory, index)
 
 
 def _verl_rows(parts: list[Path], counts: ExportSummary) -> Iterator[dict]:
@@ -483,6 +614,26 @@ _SCHEMAS: dict[str, pa.Schema] = {
 }
 
 
+def _write_routed(rows: Iterator[tuple[str, dict]], paths: dict[str, Path]) -> dict[str, int]:
+    """Write each (file, row) as a JSONL line of ``paths[file]``; return the rows per file.
+
+    Every file is created, empty or not: NeMo Gym's collection leaves an empty failures
+    file when nothing failed, and its tools read the files by name.
+    """
+    written = dict.fromkeys(paths, 0)
+    files: dict[str, TextIO] = {}
+    try:
+        for name, path in paths.items():
+            files[name] = path.open("w", encoding="utf-8")
+        for name, row in rows:
+            files[name].write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+            written[name] += 1
+    finally:
+        for file in files.values():
+            file.close()
+    return written
+
+
 def _write(rows: Iterator[dict], path: Path, suffix: str, schema: pa.Schema | None) -> int:
     """Write rows to ``path`` as ``suffix`` says; return how many."""
     written = 0
@@ -529,7 +680,9 @@ def export_run(
         kind: ``sft``, ``dpo``, ``nemo-gym`` or ``verl``.
         source: The output folder of ``rayrollout collect`` (Parquet or JSONL parts).
         out: The file to write; written to a hidden temporary file and renamed into place,
-            so a failed export leaves no partial file.
+            so a failed export leaves no partial file. ``nemo-gym`` also writes
+            ``<stem>_failures.jsonl`` and ``<stem>_materialized_inputs.jsonl`` beside it
+            (``nemo_gym_files``), the same way.
         min_reward: ``sft``: keep trajectories with status ``ok`` and at least this reward.
         min_gap: ``dpo``: pair a task's best and worst ``ok`` samples when their rewards
             differ by at least this much (one pair per task).
@@ -555,22 +708,29 @@ def export_run(
         raise ExportError(f"--min-gap must be in (0, 1] (rewards are in [0, 1]), got {min_gap}")
     parts = part_files(source)
     counts = ExportSummary(kind=kind, out=out)
-    rows = {
-        "sft": lambda: _sft_rows(parts, counts, min_reward),
-        "dpo": lambda: _dpo_rows(parts, counts, min_gap),
-        "nemo-gym": lambda: _nemo_gym_rows(parts, counts),
-        "verl": lambda: _verl_rows(parts, counts),
-    }[kind]()
+    targets = nemo_gym_files(out) if kind == "nemo-gym" else {"main": out}
+    temporaries = {name: path.with_name(f".{path.name}.tmp") for name, path in targets.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
-    temporary = out.with_name(f".{out.name}.tmp")
     try:
-        written = _write(rows, temporary, out.suffix, _SCHEMAS.get(kind))
-        if written == 0:
+        if kind == "nemo-gym":
+            written = _write_routed(_nemo_gym_rows(parts, counts), temporaries)
+            counts.rows_written, counts.failures_written = written["rollouts"], written["failures"]
+        else:
+            rows = {
+                "sft": lambda: _sft_rows(parts, counts, min_reward),
+                "dpo": lambda: _dpo_rows(parts, counts, min_gap),
+                "verl": lambda: _verl_rows(parts, counts),
+            }[kind]()
+            counts.rows_written = _write(rows, temporaries["main"], out.suffix, _SCHEMAS.get(kind))
+        if counts.rows_written == 0:
             raise ExportError(_nothing_to_export(kind, Path(source), counts, min_reward, min_gap))
-        os.replace(temporary, out)
+        # OUT last: where it exists, the files beside it are whole too.
+        for name in sorted(targets, key=lambda name: targets[name] == out):
+            os.replace(temporaries[name], targets[name])
     finally:
-        temporary.unlink(missing_ok=True)
-    counts.rows_written = written
+        for temporary in temporaries.values():
+            temporary.unlink(missing_ok=True)
+    counts.files = list(targets.values())
     return counts
 
 
@@ -581,7 +741,10 @@ def _nothing_to_export(
         return f"the part files in {source} hold no rows"
     why = {
         "sft": f"has status 'ok' and reward >= {min_reward}; lower --min-reward",
-        "nemo-gym": "was verified (status ok, max_turns or truncated)",
+        "nemo-gym": (
+            f"was verified (status ok, max_turns or truncated); {counts.failures_written} "
+            "failed (NeMo Gym fails a collection with no verified rollout too)"
+        ),
     }
     if kind == "dpo":
         return (

@@ -141,8 +141,6 @@ def episode_response(task: Task, messages: list[Message], model: str = "") -> di
                     }
                 )
     tools = chat_tools_to_responses(task.tools or [])
-    for spec in tools:
-        spec.setdefault("strict", None)
     return {
         "id": f"resp_{uuid.uuid4().hex}",
         "object": "response",

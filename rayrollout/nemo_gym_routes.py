@@ -2,8 +2,11 @@
 
 ``EnvironmentServer`` (``hosting.py``) mixes in ``NemoGymRoutes`` and is the ingress of
 ``http_app``, so each environment app answers ``POST /seed_session``, ``/<tool>``,
-``/verify``, ``/close_session`` (and ``GET /`` describing its tools) beside its
-deployment-handle methods. An HTTP episode is keyed by a session cookie (or an
+``/verify``, ``/close_session``, ``/aggregate_metrics`` (and ``GET /`` describing its tools)
+beside its deployment-handle methods. ``/seed_session`` and ``/close_session`` take both
+forms NeMo Gym 0.7.0 sends: an agent's (the task row; the session is the cookie) and an
+environment server's (``{resources_session_id, episode_id, task_id, task_data}``; the
+session is that id). An HTTP episode is keyed by a session cookie (or an
 ``x-session-id`` header); the replica that takes a request forwards it through a handle
 with that key as ``session_id``, so with several replicas every call of one HTTP episode
 reaches the replica holding its state. ``/verify`` scores a Responses-API episode (its items
@@ -25,6 +28,7 @@ from ray.serve.handle import DeploymentHandle
 from rayrollout.convert import chat_tools_to_responses
 from rayrollout.environment import Environment, Episode, ToolResult, Verification
 from rayrollout.nemo_gym import PROTOCOL_ROUTES, items_to_messages
+from rayrollout.nemo_gym_metrics import aggregate_metrics
 from rayrollout.schema import Message, Task
 from rayrollout.serve_batching import raised_on_replica
 from rayrollout.tasks import InvalidTaskError, parse_task_row
@@ -123,7 +127,7 @@ class NemoGymRoutes:
 
     @http_app.get("/")
     async def http_describe(self) -> dict[str, Any]:
-        """The environment's name and tools (Responses-API function form)."""
+        """The environment's name and tools (Responses-API function form, ``strict`` set)."""
         tools = chat_tools_to_responses(self.env_cls.tool_schemas())
         return {"environment": self.env_cls.name, "tools": tools}
 
@@ -132,15 +136,27 @@ class NemoGymRoutes:
         """Start an episode from the task row in the body; the cookie names it from now on."""
         try:
             body = await _json_object(request)
-            task = _task_from_row(body, self.env_cls.name)
+            resources_session_id = body.get("resources_session_id")
+            if resources_session_id is not None:  # an environment server's seed
+                row = body.get("task_data")
+                if not isinstance(row, dict) or not isinstance(resources_session_id, str):
+                    raise _HttpError(
+                        422,
+                        "a seed with 'resources_session_id' (a string) needs 'task_data': the "
+                        "task row as an object",
+                    )
+                task = _task_from_row(row, self.env_cls.name)
+            else:
+                task = _task_from_row(body, self.env_cls.name)
         except _HttpError as exc:
             return JSONResponse({"detail": str(exc)}, status_code=exc.status)
-        key = _session_key(request) or uuid.uuid4().hex
+        key = resources_session_id or _session_key(request) or uuid.uuid4().hex
         try:
             await self._routed(key).open.remote(key, task)
         except Exception as exc:
             return _failed("seed_session", exc)
-        response = JSONResponse({"session_id": key})
+        answer = {"resources_session_id": key} if resources_session_id else {"session_id": key}
+        response = JSONResponse(answer)
         response.set_cookie(SESSION_COOKIE, key, httponly=True, samesite="lax")
         return response
 
@@ -174,12 +190,35 @@ class NemoGymRoutes:
         return JSONResponse(_verify_answer(body, verification))
 
     @http_app.post("/close_session")
-    async def http_close_session(self, request: Request) -> dict[str, Any]:
-        """Release the session's state (a no-op for an unknown or closed session)."""
-        key = _session_key(request)
+    async def http_close_session(self, request: Request) -> Response:
+        """Release the session's state (a no-op for an unknown or closed session).
+
+        The session is the cookie's, or the body's ``resources_session_id`` (0.7.0's close
+        body, which the answer echoes).
+        """
+        try:
+            body = await _json_object(request)
+        except _HttpError as exc:
+            return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+        named = body.get("resources_session_id")
+        key = named if isinstance(named, str) and named else _session_key(request)
         if key is not None:
             await self._routed(key).close.remote(key)
-        return {}
+        return JSONResponse({"resources_session_id": named} if named else {})
+
+    @http_app.post("/aggregate_metrics")
+    async def http_aggregate_metrics(self, request: Request) -> Response:
+        """Run-level figures of the verify answers in the body (``ng_collect_rollouts``)."""
+        try:
+            body = await _json_object(request)
+            answers = body.get("verify_responses")
+            if not isinstance(answers, list) or not all(isinstance(a, dict) for a in answers):
+                raise _HttpError(
+                    422, "the body needs 'verify_responses': a list of verify answers (objects)"
+                )
+        except _HttpError as exc:
+            return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+        return JSONResponse(aggregate_metrics(answers))
 
     @http_app.post("/{tool_name}")
     async def http_call_tool(self, tool_name: str, request: Request) -> Response:

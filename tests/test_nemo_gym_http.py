@@ -167,6 +167,8 @@ def test_env_serve_puts_an_inline_environment_behind_the_protocol(serve_session)
             str(serve_session),
             "--namespace",
             "http-test",
+            "--route-prefix",
+            "/http-test/env/weather",
         ],
     )
     assert result.exit_code == 0, result.output

@@ -74,9 +74,11 @@ def test_reward_outside_unit_interval_is_rejected():
         make_trajectory(reward=1.5)
 
 
-def test_task_needs_a_user_message_with_text():
-    with pytest.raises(ValueError, match="no user message"):
-        Task(task_id="x", environment="e", prompt=[Message(role="system", content="hi")])
+def test_task_needs_a_system_or_user_message_with_text():
+    # NeMo Gym rows whose prompt is a system message alone are valid (citation_if, tales).
+    Task(task_id="x", environment="e", prompt=[Message(role="system", content="hi")])
+    with pytest.raises(ValueError, match="no system or user message with text"):
+        Task(task_id="x", environment="e", prompt=[Message(role="assistant", content="hi")])
 
 
 def test_stable_task_id_depends_only_on_content():

@@ -1,6 +1,7 @@
 """Math: arithmetic questions, a calculator tool, and answers graded by ``math_verify``.
 
-The task is "What is <expression>?" with the gold answer in the ``expected_answer`` field.
+The task is "What is <expression>?" with the gold answer in the ``expected_answer`` field
+(or ``expected_result``, the name NeMo Gym's ``math_with_code`` rows use, so they verify here too).
 The calculator walks the expression's ``ast`` itself (never ``eval``), so the model can only
 do arithmetic, and caps exponents and magnitudes so one call cannot eat the replica's CPU.
 """
@@ -88,20 +89,34 @@ class MathEnv(Environment):
         return value
 
     async def verify(self, episode: Episode) -> Verification:
-        """Reward 1.0 when the final answer equals ``expected_answer`` mathematically."""
-        gold = episode.task.fields.get("expected_answer")
-        if gold is None:
-            raise ValueError(
-                f"task {episode.task.task_id!r} has no 'expected_answer' field; math tasks need "
-                'one, e.g. {"expected_answer": "84"}'
-            )
-        grading = asyncio.to_thread(_grade, str(gold), episode.final_answer())
+        """Reward 1.0 when the final answer equals the gold answer mathematically."""
+        gold = gold_answer(episode.task.task_id, episode.task.fields)
+        grading = asyncio.to_thread(_grade, gold, episode.final_answer())
         try:
             # A thread cannot be killed, but the episode need not wait for a stuck sympy call.
             return await asyncio.wait_for(grading, self.verify_timeout_s)
         except TimeoutError:
             details = {"error": f"math_verify took over {self.verify_timeout_s} s"}
             return Verification(reward=0.0, details=details)
+
+
+GOLD_FIELDS = ("expected_answer", "expected_result")
+"""Where a task keeps its gold answer: rayrollout's name (also NeMo Gym's ``math_with_judge``),
+then the one NeMo Gym's ``math_with_code`` datasets use (a number there, e.g. 32)."""
+
+
+def gold_answer(task_id: str, fields: dict[str, Any]) -> str:
+    """The task's gold answer as text, from the first of ``GOLD_FIELDS`` it has.
+
+    ``expected_answer`` wins when a row has both, being the field rayrollout documents.
+    """
+    for name in GOLD_FIELDS:
+        if fields.get(name) is not None:
+            return str(fields[name])
+    raise ValueError(
+        f"task {task_id!r} has no 'expected_answer' field (nor NeMo Gym's 'expected_result'); "
+        'math tasks need one, e.g. {"expected_answer": "84"}'
+    )
 
 
 def _grade(gold_text: str, answer: str) -> Verification:

@@ -22,6 +22,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if Path(str(item.fspath)).is_relative_to(here):
             item.add_marker(pytest.mark.nemo_gym)
+            # ng_run plus a Ray per `rayrollout env serve`: minutes on 2 loaded cores.
+            item.add_marker(pytest.mark.timeout(900))
 
 
 def _require_venv() -> None:

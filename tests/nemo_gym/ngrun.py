@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NG_VENV = Path(os.environ.get("NEMO_GYM_VENV", ROOT / ".venv-nemo-gym"))
 NG_SRC = NG_VENV / "src"
 READY = re.compile(r"All \d+ / \d+ servers ready")
+LEFTOVER_GRACE_S = 15.0
 READY_TIMEOUT_S = 300.0  # measured 10-12 s for three servers on an idle machine; loads of 20+ here
 
 
@@ -62,9 +63,35 @@ def _session_pids(sid: int) -> list[int]:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[3]) == sid:  # field 6 of stat: the session id
+        if int(fields[3]) == sid and fields[0] != "Z":  # the session id; zombies are gone
             pids.append(int(entry.name))
     return pids
+
+
+def descendants(pid: int) -> set[int]:
+    """PIDs of every living descendant of ``pid``."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return f"pid {pid} (gone)"
 
 
 class NemoGymRun:
@@ -76,12 +103,16 @@ class NemoGymRun:
     shutdown), then ends whatever is left in the session by PID.
     """
 
-    def __init__(self, blocks: dict[str, Any], workdir: Path) -> None:
+    def __init__(
+        self, blocks: dict[str, Any], workdir: Path, extra_env: dict[str, str] | None = None
+    ) -> None:
         self.blocks = blocks
+        self.extra_env = extra_env or {}
         self.workdir = workdir
         self.head_port = free_port()
         self.log_path = workdir / "ng_run.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self.leftovers: dict[int, str] = {}
 
     def _venv_links(self) -> Path:
         venvs = self.workdir / "venvs"
@@ -94,13 +125,18 @@ class NemoGymRun:
                         link.symlink_to(NG_VENV)
         return venvs
 
-    def start(self) -> NemoGymRun:
-        config = self.workdir / "ng_config.yaml"
-        config.write_text(yaml.safe_dump(self.blocks))
+    def environment(self) -> dict[str, str]:
+        """The environment NeMo Gym's commands run in: its venv first, its own Ray."""
         env = {**os.environ, "RAY_ADDRESS": "local", "RAY_USAGE_STATS_ENABLED": "0"}
         env["PATH"] = f"{NG_VENV / 'bin'}{os.pathsep}{env.get('PATH', '')}"
         env["VIRTUAL_ENV"] = str(NG_VENV)
         env.pop("PYTHONPATH", None)
+        return {**env, **self.extra_env}
+
+    def start(self) -> NemoGymRun:
+        config = self.workdir / "ng_config.yaml"
+        config.write_text(yaml.safe_dump(self.blocks))
+        env = self.environment()
         command = [
             str(NG_VENV / "bin" / "ng_run"),
             f"+config_paths=[{config}]",
@@ -133,6 +169,16 @@ class NemoGymRun:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def server_pid(self, process_name: str) -> int:
+        """The PID ng_run printed for the server under top-level key ``process_name``."""
+        pattern = rf"'pid': (\d+),\s*'port': \d+,\s*'process_name': '{process_name}'"
+        deadline = time.monotonic() + 30  # the table is printed just after "servers ready"
+        while (found := re.search(pattern, self.log())) is None:
+            if time.monotonic() > deadline:
+                raise LookupError(f"ng_run printed no pid for {process_name!r}")
+            time.sleep(0.2)
+        return int(found.group(1))
+
     def stop(self) -> None:
         if self.process is None:
             return
@@ -143,6 +189,12 @@ class NemoGymRun:
                 self.process.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 pass
+        # What ng_run's own shutdown left behind (tests assert on it), then ended here.
+        # Daemons that watch their parent (Ray's) take a few seconds to notice it is gone.
+        deadline = time.monotonic() + LEFTOVER_GRACE_S
+        while _session_pids(sid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        self.leftovers = {pid: _command(pid) for pid in _session_pids(sid)}
         for pid in _session_pids(sid):
             try:
                 os.kill(pid, signal.SIGKILL)

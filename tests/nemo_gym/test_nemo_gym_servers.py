@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from ngrun import NemoGymRun, free_port, resources_server_block
+from ngrun import NemoGymRun, descendants, free_port, resources_server_block
 from typer.testing import CliRunner
 
 from rayrollout.cli import app as cli_app
@@ -27,44 +27,20 @@ SERVERS = ("example_single_tool_call", "example_multi_step", "math_with_code")
 
 @pytest.fixture(scope="module")
 def ng_servers(ng_src: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    """The three servers in one ``ng_run``: name -> (url, the run)."""
+    """The three servers in one ``ng_run``: name -> (url, the run, ng_run's process name)."""
     blocks: dict = {}
-    ports = {}
+    servers = {}
     for name in SERVERS:
-        ports[name] = free_port()
-        blocks.update(resources_server_block(name, ports[name]))
+        port = free_port()
+        block = resources_server_block(name, port)
+        blocks.update(block)
+        servers[name] = (f"http://127.0.0.1:{port}", next(iter(block)))  # url, ng_run's key
     run = NemoGymRun(blocks, tmp_path_factory.mktemp("ng_servers"))
     run.start()
     try:
-        yield {name: (f"http://127.0.0.1:{port}", run) for name, port in ports.items()}
+        yield {name: (url, run, key) for name, (url, key) in servers.items()}
     finally:
         run.stop()
-
-
-def _children(pid: int) -> set[int]:
-    """PIDs of every descendant of ``pid``."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            parents.setdefault(ppid, []).append(int(entry.name))
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def _server_pid(run: NemoGymRun, name: str) -> int:
-    """The PID ng_run printed for server ``name`` (its launch shell)."""
-    match = re.search(rf"'name': '{name}',\s*'pid': (\d+)", run.log())
-    assert match, f"ng_run did not print the pid of {name}"
-    return int(match.group(1))
 
 
 def _requests(run: NemoGymRun, name: str, route: str) -> list[str]:
@@ -78,10 +54,10 @@ def _requests(run: NemoGymRun, name: str, route: str) -> list[str]:
 def test_collect_plays_nemo_gyms_own_server_on_its_own_example_data(
     name: str, ng_servers: dict, ng_src: Path, serve_session: int, tmp_path: Path
 ) -> None:
-    url, run = ng_servers[name]
+    url, run, process_name = ng_servers[name]
     tasks = ng_src / "resources_servers" / name / "data" / "example.jsonl"
     rows = [json.loads(line) for line in tasks.read_text().splitlines() if line.strip()]
-    workers_before = _children(_server_pid(run, name))
+    workers_before = descendants(run.server_pid(process_name))
     config = tmp_path / "run.yaml"
     config.write_text(
         yaml.safe_dump({"namespace": f"ng-{name}", "ray": {"serve_port": serve_session}})
@@ -119,4 +95,4 @@ def test_collect_plays_nemo_gyms_own_server_on_its_own_example_data(
     if name == "math_with_code":
         # Its tool starts a Python worker per session; verify must have released each one.
         assert frame["metrics"].map(lambda m: m["tool_calls"]).sum() >= len(rows)
-        assert _children(_server_pid(run, name)) <= workers_before
+        assert descendants(run.server_pid(process_name)) <= workers_before

@@ -17,7 +17,7 @@ from environments.math.env import MathEnv
 from rayrollout.environment import Episode, ToolResult, Verification
 from rayrollout.hosting import EnvSession, InlineSession, ServeSession, environment_app
 from rayrollout.schema import FunctionCall, Message, Task, ToolCall
-from rayrollout.tasks import read_tasks
+from rayrollout.tasks import parse_task_row, read_tasks
 
 HERE = Path(__file__).resolve().parents[1]
 TASK = Task(
@@ -150,9 +150,39 @@ async def test_verifier_accepts_equal_values_written_differently():
 
 
 async def test_verifier_explains_a_task_without_expected_answer():
-    task = TASK.model_copy(update={"fields": {}})
-    with pytest.raises(ValueError, match="no 'expected_answer' field"):
+    task = TASK.model_copy(update={"fields": {"expected": "84"}})
+    with pytest.raises(
+        ValueError, match="no 'expected_answer' field \\(nor NeMo Gym's 'expected_re"
+    ):
         await MathEnv(task).verify(episode("84", task))
+
+
+@pytest.mark.parametrize(
+    ("fields", "reward"),
+    [
+        pytest.param({"expected_result": 84}, 1.0, id="nemo-gym-number"),
+        pytest.param({"expected_result": "84"}, 1.0, id="nemo-gym-text"),
+        pytest.param({"expected_result": "85"}, 0.0, id="nemo-gym-wrong"),
+        pytest.param({"expected_answer": "84", "expected_result": "85"}, 1.0, id="ours-wins"),
+        pytest.param({"expected_answer": None, "expected_result": "84"}, 1.0, id="null-ours"),
+    ],
+)
+async def test_verifier_reads_nemo_gyms_expected_result_too(fields: dict, reward: float):
+    task = TASK.model_copy(update={"fields": fields})
+    assert (
+        await MathEnv(task).verify(episode("The answer is \\boxed{84}.", task))
+    ).reward == reward
+
+
+async def test_a_nemo_gym_math_row_verifies_with_its_expected_result():
+    # The shape of NeMo Gym 0.7.0's math_with_code rows: the gold answer is a number.
+    row = {
+        "id": 0,
+        "responses_create_params": {"input": [{"role": "user", "content": "What is 4 * 8?"}]},
+        "expected_result": 32,
+    }
+    task = parse_task_row(row, default_environment="math")
+    assert (await MathEnv(task).verify(episode("\\boxed{32}", task))).reward == 1.0
 
 
 def test_verifier_works_outside_the_main_thread():

@@ -1,0 +1,83 @@
+"""``POST /aggregate_metrics``: run-level figures from verify answers, in NeMo Gym's naming.
+
+NeMo Gym's ``ng_collect_rollouts`` posts every verify answer of a run to the resources
+server's ``/aggregate_metrics`` when the rollouts are done and writes what comes back beside
+them; it fails the whole collection when the route is missing. The answer has three parts
+(NeMo Gym 0.7.0's ``AggregateMetrics``): ``agent_metrics`` over all rollouts,
+``group_level_metrics`` one dict per task (``_ng_task_index``), and ``key_metrics``, the
+headline subset. Names follow NeMo Gym's ``<stat>/<field>`` form (``mean/reward``,
+``std/reward``...), so a dashboard built on NeMo Gym's own servers reads ours unchanged.
+
+Every numeric top-level field of the answers is summarized (``reward`` and whatever the
+environment's verifier adds, booleans as 0/1); NeMo Gym's own index fields (``_ng_*``) are
+keys, not measurements. Answers whose ``mask_sample`` is true (the environment, not the
+policy, failed) are counted but left out of the statistics.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any
+
+__all__ = ["TASK_INDEX", "aggregate_metrics"]
+
+TASK_INDEX = "_ng_task_index"
+ROLLOUT_INDEX = "_ng_rollout_index"
+
+
+def _measurements(answer: dict[str, Any]) -> dict[str, float]:
+    """The numeric top-level fields of one verify answer."""
+    return {
+        key: float(value)
+        for key, value in answer.items()
+        if not key.startswith("_ng_")
+        and key != "mask_sample"
+        and isinstance(value, int | float)
+        and value == value  # NaN says nothing
+    }
+
+
+def _stats(values_by_field: dict[str, list[float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for field, values in sorted(values_by_field.items()):
+        out[f"mean/{field}"] = statistics.fmean(values)
+        out[f"max/{field}"] = max(values)
+        out[f"min/{field}"] = min(values)
+        out[f"median/{field}"] = statistics.median(values)
+        out[f"std/{field}"] = statistics.pstdev(values)
+    return out
+
+
+def _collect(answers: list[dict[str, Any]]) -> dict[str, list[float]]:
+    values: dict[str, list[float]] = defaultdict(list)
+    for answer in answers:
+        for field, value in _measurements(answer).items():
+            values[field].append(value)
+    return values
+
+
+def aggregate_metrics(verify_responses: list[dict[str, Any]]) -> dict[str, Any]:
+    """``AggregateMetrics`` of a run's verify answers (each a dict, as NeMo Gym posts them)."""
+    if not verify_responses:
+        return {"group_level_metrics": [], "agent_metrics": {}, "key_metrics": {}}
+    scored = [a for a in verify_responses if not a.get("mask_sample")]
+    masked = len(verify_responses) - len(scored)
+    agent_metrics: dict[str, Any] = _stats(_collect(scored))
+    agent_metrics["num_rollouts"] = len(verify_responses)
+    agent_metrics["num_repeats"] = len({a.get(ROLLOUT_INDEX, 0) for a in verify_responses})
+    if masked:
+        agent_metrics["num_masked"] = masked
+    by_task: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for answer in scored:
+        by_task[answer.get(TASK_INDEX, 0)].append(answer)
+    groups = [
+        {TASK_INDEX: task, **_stats(_collect(answers))}
+        for task, answers in sorted(by_task.items(), key=lambda i: (type(i[0]).__name__, i[0]))
+    ]
+    key_metrics = {k: v for k, v in agent_metrics.items() if k.startswith("mean/")}
+    return {
+        "group_level_metrics": groups,
+        "agent_metrics": agent_metrics,
+        "key_metrics": key_metrics,
+    }

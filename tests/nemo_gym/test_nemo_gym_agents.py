@@ -1,0 +1,137 @@
+"""NeMo Gym's own ``simple_agent`` and ``ng_collect_rollouts`` on rayrollout environments.
+
+Everything but the policy's judgement is NeMo Gym 0.7.0's: ``ng_run`` starts its model
+server (``openai_model``, pointed at rayrollout's scripted policy on Serve, which speaks the
+Responses API), its ``simple_agent``, and the resources server through the entrypoint
+rayrollout ships (``rayrollout_env``, which runs ``rayrollout env serve`` at the block's
+host:port); ``ng_collect_rollouts`` then plays the environment's own NeMo Gym task rows and
+asks the resources server for ``/aggregate_metrics``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from ngrun import NG_VENV, NemoGymRun, descendants, free_port
+from ray import serve
+
+from rayrollout.nemo_gym_config import nemo_gym_root, resources_server_block, simple_agent_block
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _weather_rows(tmp_path: Path) -> Path:
+    return ROOT / "environments" / "weather" / "tasks_nemo_gym.jsonl"
+
+
+def _math_rows(tmp_path: Path) -> Path:
+    """The math environment's tasks as NeMo Gym rows, the gold answer as ``expected_result``
+    (the name NeMo Gym's math datasets use)."""
+    from rayrollout.convert import chat_tools_to_responses
+    from rayrollout.registry import load_environment
+
+    tools = chat_tools_to_responses(load_environment("math").tool_schemas())
+    path = tmp_path / "math_nemo_gym.jsonl"
+    with path.open("w") as out:
+        for line in (ROOT / "environments" / "math" / "tasks.jsonl").read_text().splitlines():
+            task = json.loads(line)
+            row = {
+                "responses_create_params": {
+                    "input": [{"role": "user", "content": task["prompt"]}],
+                    "tools": tools,
+                },
+                "expected_result": task["expected_answer"],
+            }
+            out.write(json.dumps(row) + "\n")
+    return path
+
+
+CASES = {
+    # environment: (its NeMo Gym task rows, the reward every scripted episode earns)
+    "weather": (_weather_rows, 1.0),
+    "math": (_math_rows, 1.0),
+}
+
+
+@pytest.fixture(scope="module")
+def policy_url(serve_session: int) -> str:
+    from deployments.scripted import scripted_policy_app
+
+    serve.run(scripted_policy_app(), name="ng-agents-policy", route_prefix="/ng-agents-policy")
+    yield f"http://127.0.0.1:{serve_session}/ng-agents-policy/v1"
+    serve.delete("ng-agents-policy")
+
+
+def _config(environment: str, policy: str, port: int) -> dict:
+    model = {
+        "policy_model": {
+            "responses_api_models": {
+                "openai_model": {
+                    "entrypoint": "app.py",
+                    "openai_base_url": policy,
+                    "openai_api_key": "not-needed",
+                    "openai_model": "scripted",
+                    "openai_default_headers": {},
+                }
+            }
+        }
+    }
+    server = f"rayrollout_{environment}"
+    return {
+        **model,
+        **resources_server_block(server, environment, port=port),
+        **simple_agent_block(f"{environment}_simple_agent", server),
+    }
+
+
+@pytest.mark.parametrize("environment", sorted(CASES))
+def test_ng_collect_rollouts_plays_a_rayrollout_environment_with_simple_agent(
+    environment: str, policy_url: str, ng_src: Path, tmp_path: Path
+) -> None:
+    make_rows, expected_reward = CASES[environment]
+    tasks = make_rows(tmp_path)
+    rows = [json.loads(line) for line in tasks.read_text().splitlines() if line.strip()]
+    roots = {"NEMO_GYM_EXTRA_ROOTS": str(nemo_gym_root())}
+    run = NemoGymRun(_config(environment, policy_url, free_port()), tmp_path, roots)
+    try:
+        run.start()
+        ours = descendants(run.server_pid(f"rayrollout_{environment}"))  # env serve, its Ray
+        output = tmp_path / "rollouts.jsonl"
+        collected = subprocess.run(
+            [
+                str(NG_VENV / "bin" / "ng_collect_rollouts"),
+                f"+agent_name={environment}_simple_agent",
+                f"+input_jsonl_fpath={tasks}",
+                f"+output_jsonl_fpath={output}",
+                f"+head_server={{host: 127.0.0.1, port: {run.head_port}}}",
+            ],
+            cwd=tmp_path,
+            env=run.environment(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        run.stop()
+    log = collected.stdout[-3000:] + collected.stderr[-3000:]
+    assert collected.returncode == 0, log
+    rollouts = [json.loads(line) for line in output.read_text().splitlines() if line.strip()]
+    assert len(rollouts) == len(rows), log
+    for rollout in rollouts:
+        assert 0.0 <= rollout["reward"] <= 1.0
+        if expected_reward is not None:
+            assert rollout["reward"] == expected_reward, rollout
+    # ng_collect_rollouts asked our /aggregate_metrics and wrote its answer beside them.
+    (aggregate,) = json.loads((tmp_path / "rollouts_aggregate_metrics.json").read_text())
+    mean = sum(r["reward"] for r in rollouts) / len(rollouts)
+    assert aggregate["agent_metrics"]["mean/reward"] == pytest.approx(mean)
+    assert aggregate["agent_metrics"]["num_rollouts"] == len(rows)
+    assert aggregate["key_metrics"]["mean/reward"] == pytest.approx(mean)
+    assert len(aggregate["group_level_metrics"]) == len(rows)  # one group per task
+    # ng_run's own shutdown ended `rayrollout env serve` and the Ray it started (NeMo Gym's
+    # own Ray may leave processes of its own; those are not ours to judge).
+    left = {pid: command for pid, command in run.leftovers.items() if pid in ours}
+    assert not left, left
