@@ -665,6 +665,45 @@ def env_serve(
             serve.delete(environment_app_name(namespace, env_cls.name))
 
 
+@env_app.command("nemo-gym-config")
+def env_nemo_gym_config(
+    name: Annotated[str, typer.Argument(help="Registered environment name or 'module:Class'.")],
+    port: Annotated[int, typer.Option("--port", help="Port the environment serves on.")] = 8123,
+    host: Annotated[str, typer.Option("--host", help="Address it binds.")] = "127.0.0.1",
+    model_server: Annotated[
+        str, typer.Option("--model-server", help="Your NeMo Gym model server's config key.")
+    ] = "policy_model",
+) -> None:
+    """Print a NeMo Gym config that runs environment NAME for NeMo Gym's own agents.
+
+    The YAML declares the resources server (ng_run starts it with `rayrollout env serve`
+    through the entrypoint rayrollout ships), a simple_agent using it, and its environment
+    server; add your model server block and pass the file to ng_run.
+    """
+    import yaml
+
+    from rayrollout.nemo_gym_config import (
+        nemo_gym_root,
+        resources_server_block,
+        simple_agent_block,
+    )
+
+    try:
+        env_cls = load_environment(name)
+    except UnknownEnvironmentError as exc:
+        console.print(f"[red]error[/red] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    server = f"rayrollout_{env_cls.name}"
+    config = {
+        **resources_server_block(server, name, host=host, port=port),
+        **simple_agent_block(f"{env_cls.name}_simple_agent", server, model_server),
+    }
+    typer.echo(
+        f"# ng_run finds the entrypoint through:  export NEMO_GYM_EXTRA_ROOTS={nemo_gym_root()}"
+    )
+    typer.echo(yaml.safe_dump(config, sort_keys=False), nl=False)
+
+
 @env_app.command("tasks")
 def env_tasks(
     name: Annotated[str, typer.Argument(help="Environment with a task generator.")],

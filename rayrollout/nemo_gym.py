@@ -316,6 +316,13 @@ class RemoteSession:
 
     async def setup(self) -> None:
         status, text = await self._post("seed_session", seed_body(self.task))
+        if status == 404:
+            raise NemoGymError(
+                f"NeMo Gym server '{self.name}' at {self.base_url} has no POST /seed_session "
+                "(404): it is not a resources server. NeMo Gym's Gymnasium-style servers "
+                "(/reset and /step, played by its gymnasium_agent) are not supported; check "
+                f"environments.{self.name}.url"
+            )
         if status >= 400:
             raise self._fail("seed_session", status, text)
         self.seeded = True

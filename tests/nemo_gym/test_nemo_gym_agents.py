@@ -15,10 +15,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from ngrun import NG_VENV, NemoGymRun, descendants, free_port
 from ray import serve
+from typer.testing import CliRunner
 
-from rayrollout.nemo_gym_config import nemo_gym_root, resources_server_block, simple_agent_block
+from rayrollout.cli import app as cli_app
+from rayrollout.nemo_gym_config import nemo_gym_root
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,6 +69,13 @@ def policy_url(serve_session: int) -> str:
 
 
 def _config(environment: str, policy: str, port: int) -> dict:
+    """The config a NeMo Gym user pastes: ``rayrollout env nemo-gym-config`` plus their model
+    server (NeMo Gym's ``openai_model``, here pointed at the scripted policy)."""
+    printed = CliRunner().invoke(
+        cli_app, ["env", "nemo-gym-config", environment, "--port", str(port)]
+    )
+    assert printed.exit_code == 0, printed.output
+    assert f"NEMO_GYM_EXTRA_ROOTS={nemo_gym_root()}" in printed.output.splitlines()[0]
     model = {
         "policy_model": {
             "responses_api_models": {
@@ -79,12 +89,7 @@ def _config(environment: str, policy: str, port: int) -> dict:
             }
         }
     }
-    server = f"rayrollout_{environment}"
-    return {
-        **model,
-        **resources_server_block(server, environment, port=port),
-        **simple_agent_block(f"{environment}_simple_agent", server),
-    }
+    return {**model, **yaml.safe_load(printed.output)}
 
 
 @pytest.mark.parametrize("environment", sorted(CASES))
@@ -112,8 +117,12 @@ def test_ng_collect_rollouts_plays_a_rayrollout_environment_with_simple_agent(
             env=run.environment(),
             capture_output=True,
             text=True,
-            timeout=300,
+            timeout=600,
         )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(
+            f"ng_collect_rollouts hung; ng_run's log:\n{run.log()[-5000:]}"
+        ) from exc
     finally:
         run.stop()
     log = collected.stdout[-3000:] + collected.stderr[-3000:]
