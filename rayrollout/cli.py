@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -28,6 +28,9 @@ from rayrollout.config import (
 from rayrollout.registry import UnknownEnvironmentError, available_environments, load_environment
 from rayrollout.services import PolicyEndpointError
 from rayrollout.tasks import InvalidTaskError, read_tasks
+
+if TYPE_CHECKING:
+    from rayrollout.environment import Environment
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -481,6 +484,15 @@ def export(
         )
 
 
+def _environment_or_exit(name: str) -> type[Environment]:
+    """The environment class ``name`` names, or exit 2 saying why it is unknown."""
+    try:
+        return load_environment(name)
+    except UnknownEnvironmentError as exc:
+        console.print(f"[red]error[/red] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+
+
 @env_app.command("list")
 def env_list() -> None:
     """List registered environments with their hosting mode and tools."""
@@ -526,11 +538,7 @@ def env_test(
         run_tool_tests,
     )
 
-    try:
-        env_cls = load_environment(name)
-    except UnknownEnvironmentError as exc:
-        console.print(f"[red]error[/red] {exc}", highlight=False)
-        raise typer.Exit(2) from None
+    env_cls = _environment_or_exit(name)
     path = cases or environment_folder(env_cls) / CASES_FILE
     if not path.exists():
         console.print(
@@ -623,11 +631,7 @@ def env_serve(
         )
         raise typer.Exit(2)
     route = route_prefix.rstrip("/") or "/"
-    try:
-        env_cls = load_environment(name)
-    except UnknownEnvironmentError as exc:
-        console.print(f"[red]error[/red] {exc}", highlight=False)
-        raise typer.Exit(2) from None
+    env_cls = _environment_or_exit(name)
     config = RunConfig.model_validate(
         {"namespace": namespace, "ray": {"serve_port": port, "serve_host": host}}
     )
@@ -688,11 +692,7 @@ def env_nemo_gym_config(
         simple_agent_block,
     )
 
-    try:
-        env_cls = load_environment(name)
-    except UnknownEnvironmentError as exc:
-        console.print(f"[red]error[/red] {exc}", highlight=False)
-        raise typer.Exit(2) from None
+    env_cls = _environment_or_exit(name)
     server = f"rayrollout_{env_cls.name}"
     config = {
         **resources_server_block(server, name, host=host, port=port),
@@ -714,11 +714,7 @@ def env_tasks(
     seed: Annotated[int, typer.Option("--seed", help="Generator seed.")] = 0,
 ) -> None:
     """Print generated task rows as JSONL (e.g. reasoning_gym's procedural datasets)."""
-    try:
-        env_cls = load_environment(name)
-    except UnknownEnvironmentError as exc:
-        console.print(f"[red]error[/red] {exc}", highlight=False)
-        raise typer.Exit(2) from None
+    env_cls = _environment_or_exit(name)
     generate = getattr(env_cls, "generate_tasks", None)
     if generate is None:
         console.print(
