@@ -37,7 +37,7 @@ COOKIE = "nemo_gym_session"
 class ResourcesServer:
     """A NeMo Gym-style weather resources server that records every call per session."""
 
-    def __init__(self, fail_first: int = 0, close_status: int = 200) -> None:
+    def __init__(self, fail_first: int = 0, close_status: int = 200, seeds: bool = True) -> None:
         self.close_status = close_status
         self.close_bodies: list[dict] = []
         self.calls: dict[str, list[str]] = defaultdict(list)
@@ -45,7 +45,8 @@ class ResourcesServer:
         self.seed_bodies: list[dict] = []
         self.fail_first = fail_first
         self.app = FastAPI()
-        self.app.post("/seed_session")(self.seed_session)
+        if seeds:  # NeMo Gym's Gymnasium-style servers have /reset and /step instead
+            self.app.post("/seed_session")(self.seed_session)
         self.app.post("/verify")(self.verify)
         self.app.post("/close_session")(self.close_session)
         self.app.post("/get_weather")(self.get_weather)
@@ -203,6 +204,17 @@ async def test_an_answer_after_retries_names_the_failed_attempt_before_it():
         'answered HTTP 503 to POST /seed_session: {"detail":"warming up"} '
         '(after a failed attempt: HTTP 503: {"detail":"warming up"})'
     )
+
+
+async def test_a_server_without_seed_session_is_named_as_not_a_resources_server():
+    pool = NemoGymConnections()
+    with ResourcesServer(seeds=False) as server:
+        session = pool.session("gym", EnvironmentConfig(url=server.url, max_retries=0), TASK)
+        with pytest.raises(NemoGymError, match="has no POST /seed_session") as failed:
+            await session.setup()
+        await session.close()
+    await pool.close()
+    assert "Gymnasium-style servers (/reset and /step" in str(failed.value)
 
 
 async def test_an_unreachable_server_fails_naming_the_url_and_the_route():
