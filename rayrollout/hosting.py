@@ -179,11 +179,16 @@ class EnvironmentServer(NemoGymRoutes):
     """A Serve replica hosting one environment class; stateful episodes keyed by episode id."""
 
     def __init__(
-        self, env_path: str, session_idle_timeout_s: float = DEFAULT_SESSION_IDLE_TIMEOUT_S
+        self,
+        env_path: str,
+        session_idle_timeout_s: float = DEFAULT_SESSION_IDLE_TIMEOUT_S,
+        single_replica: bool = False,
     ) -> None:
         self.env_cls = load_environment(env_path)
         self.sessions = SessionStore(self.env_cls.name, session_idle_timeout_s)
         self.self_handle: DeploymentHandle | None = None
+        # With one replica every session lives here: HTTP calls need no routing hop.
+        self.route_locally = single_replica
 
     async def open(self, episode_id: str, task: Task) -> None:
         await self.close(episode_id)  # a re-seeded HTTP session starts over
@@ -285,6 +290,9 @@ def environment_app(
     """A Serve application hosting the environment at ``env_path`` on ``num_replicas`` replicas;
     a stateful session with no call for ``session_idle_timeout_s`` is closed."""
     options = dict(options or {})
+    single_replica = (
+        "autoscaling_config" not in options and options.get("num_replicas", num_replicas) == 1
+    )
     actor_options = {"num_cpus": num_cpus, **options.pop("ray_actor_options", {})}
     if "autoscaling_config" in options:
         options["num_replicas"] = "auto"
@@ -293,4 +301,4 @@ def environment_app(
         ray_actor_options=actor_options,
         **options,
     )
-    return deployment.bind(env_path, session_idle_timeout_s)
+    return deployment.bind(env_path, session_idle_timeout_s, single_replica)

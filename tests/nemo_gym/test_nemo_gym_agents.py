@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
+import requests
 import yaml
 from ngrun import NG_VENV, NemoGymRun, descendants, free_port
 from ray import serve
@@ -92,6 +94,24 @@ def _config(environment: str, policy: str, port: int) -> dict:
     return {**model, **yaml.safe_load(printed.output)}
 
 
+def _wait_until_deployed(url: str, timeout_s: float = 300.0) -> None:
+    """Wait for the environment app itself, not only its port.
+
+    ng_run calls a server ready once its port accepts a connection; Serve's proxy listens
+    before ``env serve`` has deployed the app behind it. Episodes sent in that window hung
+    twice in 7 runs (both times the tier's first test, on a freshly started machine).
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(url, timeout=5).ok:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"the environment app at {url} was not deployed in {timeout_s:.0f} s")
+
+
 @pytest.mark.parametrize("environment", sorted(CASES))
 def test_ng_collect_rollouts_plays_a_rayrollout_environment_with_simple_agent(
     environment: str, policy_url: str, ng_src: Path, tmp_path: Path
@@ -100,9 +120,11 @@ def test_ng_collect_rollouts_plays_a_rayrollout_environment_with_simple_agent(
     tasks = make_rows(tmp_path)
     rows = [json.loads(line) for line in tasks.read_text().splitlines() if line.strip()]
     roots = {"NEMO_GYM_EXTRA_ROOTS": str(nemo_gym_root())}
-    run = NemoGymRun(_config(environment, policy_url, free_port()), tmp_path, roots)
+    port = free_port()
+    run = NemoGymRun(_config(environment, policy_url, port), tmp_path, roots)
     try:
         run.start()
+        _wait_until_deployed(f"http://127.0.0.1:{port}/")
         ours = descendants(run.server_pid(f"rayrollout_{environment}"))  # env serve, its Ray
         output = tmp_path / "rollouts.jsonl"
         collected = subprocess.run(
