@@ -197,7 +197,9 @@ class NemoGymRoutes:
         key = _session_key(request)
         scratch = key is None  # no session: score in a fresh one (setup runs, then close)
         key = key or uuid.uuid4().hex
-        handle = self._routed(key)
+        # A scratch session lives and ends inside this request, so it stays on this replica:
+        # no other call will look for it, and the routing hop is where calls hung.
+        handle = _LocalCalls(self) if scratch else self._routed(key)
         try:
             if scratch:
                 await handle.open.remote(key, task)
