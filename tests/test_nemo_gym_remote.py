@@ -296,8 +296,6 @@ def test_a_session_that_fails_to_close_keeps_its_reward_and_is_counted(tmp_path,
             tasks,
             "--env",
             "gym_weather",
-            "--env-url",
-            f"gym_weather={server.url}",
             environments={"gym_weather": {"url": server.url, "max_retries": 1}},
         )
     assert frame["status"].tolist() == ["ok"] and frame["reward"].tolist() == [1.0]

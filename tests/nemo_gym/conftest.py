@@ -8,13 +8,10 @@ A missing NeMo Gym venv is an error, not a skip: a tier that ran nothing must no
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from ngrun import NG_SRC, NG_VENV, NemoGymRun
+from ngrun import NG_SRC, NG_VENV
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -46,24 +43,3 @@ def ng_python() -> Path:
     """The interpreter of NeMo Gym's venv, for running its own Python code."""
     _require_venv()
     return NG_VENV / "bin" / "python"
-
-
-@pytest.fixture
-def ng_run(ng_src: Path, tmp_path: Path) -> Iterator[Any]:
-    """``ng_run(blocks)`` starts NeMo Gym's servers; all are stopped when the test ends."""
-    runs: list[NemoGymRun] = []
-
-    def start(blocks: dict[str, Any]) -> NemoGymRun:
-        run = NemoGymRun(blocks, tmp_path / f"ng{len(runs)}")
-        run.workdir.mkdir()
-        runs.append(run)
-        return run.start()
-
-    yield start
-    for run in runs:
-        run.stop()
-
-
-def rayrollout_cli() -> list[str]:
-    """The ``rayrollout`` command of the venv running the tests."""
-    return [sys.executable, "-m", "rayrollout.cli"]
