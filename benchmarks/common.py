@@ -29,8 +29,7 @@ def free_port() -> int:
 def serve_stub(port: int, latency_s: float) -> None:
     """Run the stub policy until killed (the body of ``python common.py stub PORT LATENCY``)."""
     from aiohttp import web
-
-    from deployments.scripted.strategy import next_action
+    from rayrollout.deployments.scripted.strategy import next_action
 
     counter = 0
 

@@ -16,12 +16,12 @@ import uuid
 from typing import Any
 
 from aiohttp import web
+from rayrollout.environments.weather.env import WeatherEnv
 
-from environments.weather.env import WeatherEnv
+from rayrollout.data.schema import Task
+from rayrollout.data.tasks import parse_task_row
 from rayrollout.environment import Episode
-from rayrollout.nemo_gym import items_to_messages
-from rayrollout.schema import Task
-from rayrollout.tasks import parse_task_row
+from rayrollout.environment.nemo_gym.client import items_to_messages
 
 COOKIE = "session"
 

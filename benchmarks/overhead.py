@@ -54,11 +54,11 @@ async def bare_loop(
     With ``env_url`` the tool and the verifier are a NeMo Gym resources server's routes.
     """
     import aiohttp
+    from rayrollout.environments.weather.env import WeatherEnv
 
-    from environments.weather.env import WeatherEnv
-    from rayrollout.convert import chat_tools_to_responses
+    from rayrollout.data.convert import chat_tools_to_responses
+    from rayrollout.data.schema import FunctionCall, Message, Task, ToolCall
     from rayrollout.environment import Episode
-    from rayrollout.schema import FunctionCall, Message, Task, ToolCall
 
     tools = WeatherEnv.tool_schemas()
     response_tools = chat_tools_to_responses(tools)

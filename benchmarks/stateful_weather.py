@@ -7,7 +7,8 @@ way to host an environment, measured next to the stateless ``serve`` mode.
 
 from __future__ import annotations
 
-from environments.weather.env import WeatherEnv
+from rayrollout.environments.weather.env import WeatherEnv
+
 from rayrollout.environment import ToolResult
 
 

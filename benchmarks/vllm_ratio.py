@@ -89,9 +89,10 @@ def run_rounds(
     namespace: str = "bench-vllm",
 ) -> dict[str, Any]:
     """Measure both clients against a running vLLM app at ``base_url`` (Ray already up)."""
-    from environments.math.env import MathEnv
+    from rayrollout.environments.math.env import MathEnv
+
     from rayrollout import RolloutEngine, RunConfig
-    from rayrollout.tokens import chat_template_tokenizer
+    from rayrollout.policy.tokens import chat_template_tokenizer
 
     sampling = {
         "max_tokens": max_tokens,
@@ -284,7 +285,7 @@ def main() -> None:
     from ray import serve
 
     from rayrollout import RunConfig
-    from rayrollout.services import deploy_policy
+    from rayrollout.engine.services import deploy_policy
 
     start_ray()
     try:

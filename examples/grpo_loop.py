@@ -188,7 +188,7 @@ def main() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
     )
-    from rayrollout.tiny_model import build_tiny_model
+    from rayrollout.deployments.vllm.tiny_model import build_tiny_model
 
     model_path = build_tiny_model()
     config = run_config(model_path, args.work_dir, args.serve_port)

@@ -3,11 +3,11 @@
 Tasks go in, scored multi-turn trajectories come out, streamed to Parquet or JSONL.
 """
 
-from rayrollout.api import CollectResult, RolloutEngine, read_trajectories
-from rayrollout.config import RunConfig, load_config
+from rayrollout.api.rollout_engine import CollectResult, RolloutEngine, read_trajectories
+from rayrollout.data.config import RunConfig, load_config
+from rayrollout.data.schema import Message, Task, Trajectory, trajectory_arrow_schema
+from rayrollout.data.tasks import InvalidTaskError, read_tasks
 from rayrollout.environment import Environment, Episode, ToolError, ToolResult, Verification, tool
-from rayrollout.schema import Message, Task, Trajectory, trajectory_arrow_schema
-from rayrollout.tasks import InvalidTaskError, read_tasks
 
 __all__ = [
     "CollectResult",

@@ -20,8 +20,7 @@ from collections import Counter
 from typing import Any
 
 from aiohttp import web
-
-from deployments.scripted.strategy import next_action
+from rayrollout.deployments.scripted.strategy import next_action
 
 FAULTS = ("500", "503", "429", "hang", "garbage")
 _ALWAYS = re.compile(r"\[\[always=(\w+)\]\]")

@@ -7,11 +7,11 @@ import time
 from flaky_policy import FlakyPolicy
 
 from rayrollout import RunConfig
-from rayrollout.agent import AgentRunner
-from rayrollout.chunks import ChunkRows
-from rayrollout.episode import EpisodeSpec
-from rayrollout.schema import Trajectory
-from rayrollout.tasks import parse_task_row
+from rayrollout.data.schema import Trajectory
+from rayrollout.data.tasks import parse_task_row
+from rayrollout.engine.agent import AgentRunner
+from rayrollout.engine.chunks import ChunkRows
+from rayrollout.engine.episode import EpisodeSpec
 
 
 async def test_a_slow_episode_does_not_hold_back_the_rest_of_its_chunk(tmp_path):

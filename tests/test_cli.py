@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import yaml
 from typer.testing import CliRunner
 
-from rayrollout.cli import app
+from rayrollout.cli.commands import app
 
 ROOT = Path(__file__).resolve().parents[1]
 NEMO_GYM_TASKS = ROOT / "environments" / "weather" / "tasks_nemo_gym.jsonl"
@@ -206,8 +206,8 @@ def test_external_endpoint_with_jsonl_output_never_records_the_key(
     tmp_path, serve_session, monkeypatch
 ):
     from ray import serve
+    from rayrollout.deployments.scripted import scripted_policy_app
 
-    from deployments.scripted import scripted_policy_app
     from rayrollout import Trajectory
 
     serve.run(
@@ -246,8 +246,8 @@ def test_external_endpoint_with_jsonl_output_never_records_the_key(
 
 
 def test_show_prints_one_episode_as_a_conversation(tmp_path):
-    from rayrollout.schema import FunctionCall, Message, ToolCall, Trajectory
-    from rayrollout.writer import PartWriter, make_sink
+    from rayrollout.data.schema import FunctionCall, Message, ToolCall, Trajectory
+    from rayrollout.data.writer import PartWriter, make_sink
 
     trajectory = Trajectory(
         task_id="math-7",

@@ -5,7 +5,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from rayrollout.cli import app
+from rayrollout.cli.commands import app
 
 runner = CliRunner()
 SHIPPED = ["weather", "math", "code", "booking", "judge", "reasoning_gym"]

@@ -1,7 +1,7 @@
 import pytest
 
+from rayrollout.data.schema import Message, Task
 from rayrollout.environment import Environment, Episode, ToolError, Verification, tool
-from rayrollout.schema import Message, Task
 
 
 class Shop(Environment):
@@ -87,7 +87,7 @@ def test_stateful_environments_are_those_with_setup_or_close():
 
 
 def test_episode_helpers_find_tool_calls_and_final_answer():
-    from rayrollout.schema import FunctionCall, ToolCall
+    from rayrollout.data.schema import FunctionCall, ToolCall
 
     call = ToolCall(id="c", function=FunctionCall(name="price", arguments="{}"))
     episode = Episode(

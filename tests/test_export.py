@@ -17,13 +17,13 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from openai.types.responses import Response
 from openai.types.responses.response_create_params import ResponseCreateParamsNonStreaming
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from rayrollout.deployments.vllm.tiny_model import CHAT_TEMPLATE
 from typer.testing import CliRunner
 
-from rayrollout.cli import app
-from rayrollout.export import ExportError, export_run, split_prompt
-from rayrollout.schema import EpisodeMetrics, FunctionCall, Message, ToolCall, Trajectory
-from rayrollout.tiny_model import CHAT_TEMPLATE
-from rayrollout.writer import PartWriter, make_sink
+from rayrollout.cli.commands import app
+from rayrollout.data.export import ExportError, export_run, split_prompt
+from rayrollout.data.schema import EpisodeMetrics, FunctionCall, Message, ToolCall, Trajectory
+from rayrollout.data.writer import PartWriter, make_sink
 
 ROOT = Path(__file__).resolve().parents[1]
 NEMO_GYM_TASKS = ROOT / "environments" / "weather" / "tasks_nemo_gym.jsonl"

@@ -18,13 +18,13 @@ import ray
 from flaky_policy import FlakyPolicy
 
 from rayrollout import RolloutEngine, RunConfig
-from rayrollout.agent import AgentRunner
-from rayrollout.config import PolicyConfig
-from rayrollout.episode import EpisodeSpec
-from rayrollout.hosting import EnvironmentLost, InlineSession
-from rayrollout.policy import PolicyClient, PolicyError
-from rayrollout.schema import Message
-from rayrollout.tasks import parse_task_row
+from rayrollout.data.config import PolicyConfig
+from rayrollout.data.schema import Message
+from rayrollout.data.tasks import parse_task_row
+from rayrollout.engine.agent import AgentRunner
+from rayrollout.engine.episode import EpisodeSpec
+from rayrollout.environment.hosting import EnvironmentLost, InlineSession
+from rayrollout.policy.client import PolicyClient, PolicyError
 
 NAMESPACE = "fault-tests"
 

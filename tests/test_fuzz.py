@@ -19,9 +19,9 @@ from fixture_envs import EchoEnv
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from rayrollout.data.schema import Task
+from rayrollout.data.tasks import InvalidTaskError, parse_task_row, read_tasks
 from rayrollout.environment import Environment, Episode, ToolResult, Verification, tool
-from rayrollout.schema import Task
-from rayrollout.tasks import InvalidTaskError, parse_task_row, read_tasks
 
 FUZZ = settings(
     max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]

@@ -4,7 +4,7 @@ import time
 import urllib.request
 
 from rayrollout import RolloutEngine
-from rayrollout.metrics import METRIC_NAMES
+from rayrollout.engine.metrics import METRIC_NAMES
 
 
 def scrape(port: int) -> str:

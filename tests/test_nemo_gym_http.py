@@ -12,14 +12,14 @@ import pytest
 import requests
 from openai.types.responses import Response
 from ray import serve
+from rayrollout.environments.booking.env import BookingEnv
 
-from environments.booking.env import BookingEnv
-from rayrollout.config import EnvironmentConfig
+from rayrollout.data.config import EnvironmentConfig
+from rayrollout.data.schema import Message
+from rayrollout.data.tasks import parse_task_row
 from rayrollout.environment import Episode
-from rayrollout.hosting import environment_app
-from rayrollout.nemo_gym import NemoGymConnections, episode_response
-from rayrollout.schema import Message
-from rayrollout.tasks import parse_task_row
+from rayrollout.environment.hosting import environment_app
+from rayrollout.environment.nemo_gym.client import NemoGymConnections, episode_response
 
 WEATHER_ROWS = Path(__file__).resolve().parents[1] / "environments/weather/tasks_nemo_gym.jsonl"
 ROW = {
@@ -33,7 +33,7 @@ ROW = {
 @pytest.fixture(scope="module")
 def booking_url(serve_session):
     serve.run(
-        environment_app("environments.booking.env:BookingEnv", num_replicas=2),
+        environment_app("rayrollout.environments.booking.env:BookingEnv", num_replicas=2),
         name="http-booking",
         route_prefix="/http-booking",
     )
@@ -154,7 +154,7 @@ async def test_rayrollouts_own_remote_client_plays_a_rayrollout_environment_over
 def test_env_serve_puts_an_inline_environment_behind_the_protocol(serve_session):
     from typer.testing import CliRunner
 
-    from rayrollout.cli import app
+    from rayrollout.cli.commands import app
 
     result = CliRunner().invoke(
         app,
@@ -207,7 +207,9 @@ def test_env_serve_puts_an_inline_environment_behind_the_protocol(serve_session)
 
 def test_a_session_left_open_by_its_client_is_released_after_the_idle_timeout(serve_session):
     serve.run(
-        environment_app("environments.booking.env:BookingEnv", session_idle_timeout_s=0.5),
+        environment_app(
+            "rayrollout.environments.booking.env:BookingEnv", session_idle_timeout_s=0.5
+        ),
         name="http-booking-idle",
         route_prefix="/http-booking-idle",
     )

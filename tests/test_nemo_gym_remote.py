@@ -22,12 +22,16 @@ from netutil import free_port
 from openai.types.responses import Response
 from typer.testing import CliRunner
 
-from rayrollout.cli import app as cli_app
-from rayrollout.config import EnvironmentConfig
+from rayrollout.cli.commands import app as cli_app
+from rayrollout.data.config import EnvironmentConfig
+from rayrollout.data.schema import Message
+from rayrollout.data.tasks import parse_task_row
 from rayrollout.environment import Episode
-from rayrollout.nemo_gym import NemoGymConnections, NemoGymError, items_to_messages
-from rayrollout.schema import Message
-from rayrollout.tasks import parse_task_row
+from rayrollout.environment.nemo_gym.client import (
+    NemoGymConnections,
+    NemoGymError,
+    items_to_messages,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 NEMO_GYM_TASKS = ROOT / "environments" / "weather" / "tasks_nemo_gym.jsonl"
@@ -243,8 +247,8 @@ async def test_model_mistakes_come_back_as_tool_errors_without_a_request():
 
 
 def test_responses_items_read_back_as_the_same_chat_messages():
-    from rayrollout.nemo_gym import episode_response
-    from rayrollout.schema import FunctionCall, ToolCall
+    from rayrollout.data.schema import FunctionCall, ToolCall
+    from rayrollout.environment.nemo_gym.client import episode_response
 
     messages = [
         *TASK.prompt,
@@ -271,8 +275,8 @@ def test_responses_items_read_back_as_the_same_chat_messages():
 
 
 def test_env_url_flag_needs_a_name_and_an_http_url():
-    from rayrollout.cli import parse_env_urls
-    from rayrollout.config import ConfigError
+    from rayrollout.cli.commands import parse_env_urls
+    from rayrollout.data.config import ConfigError
 
     assert parse_env_urls(["a=http://h:1", "http://h:2"], "b") == {
         "a": {"url": "http://h:1"},

@@ -5,9 +5,9 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from rayrollout.config import PolicyConfig
-from rayrollout.policy import PolicyClient, PolicyError, PolicyTimeout
-from rayrollout.schema import Message
+from rayrollout.data.config import PolicyConfig
+from rayrollout.data.schema import Message
+from rayrollout.policy.client import PolicyClient, PolicyError, PolicyTimeout
 
 ANSWER = {
     "id": "chatcmpl-1",
@@ -107,7 +107,7 @@ async def test_api_key_is_sent_but_never_in_errors(flaky_server, monkeypatch):
 
 
 def test_responses_api_against_ray_serve_llm_is_refused_at_config_time():
-    from rayrollout.config import ConfigError, load_config
+    from rayrollout.data.config import ConfigError, load_config
 
     vllm = {"kind": "vllm", "vllm_config": "deployments/vllm/cpu.yaml"}
     with pytest.raises(ConfigError, match=r"policy.*no /v1/responses.*api: chat"):

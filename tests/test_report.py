@@ -7,10 +7,10 @@ import subprocess
 import pytest
 from typer.testing import CliRunner
 
-from rayrollout.cli import app
-from rayrollout.report import SECTIONS
-from rayrollout.schema import EpisodeMetrics, Trajectory
-from rayrollout.writer import PartWriter, make_sink
+from rayrollout.cli.commands import app
+from rayrollout.cli.report import SECTIONS
+from rayrollout.data.schema import EpisodeMetrics, Trajectory
+from rayrollout.data.writer import PartWriter, make_sink
 
 
 @pytest.fixture
@@ -62,7 +62,7 @@ def test_report_holds_every_section_with_its_plot(run_dir, tmp_path):
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian chromium is not installed")
 def test_report_renders_in_headless_chromium_without_console_errors(run_dir, tmp_path):
-    from rayrollout.report import render_report
+    from rayrollout.cli.report import render_report
 
     page_path = tmp_path / "report.html"
     page_path.write_text(render_report(run_dir))

@@ -4,7 +4,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rayrollout.schema import (
+from rayrollout.data.schema import (
     FunctionCall,
     Message,
     Task,

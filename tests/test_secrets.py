@@ -20,7 +20,7 @@ from flaky_policy import FlakyPolicy
 from netutil import free_port
 
 from rayrollout import services
-from rayrollout.config import RunConfig
+from rayrollout.data.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "sk-planted-4f9c2e7a1b"

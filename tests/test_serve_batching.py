@@ -7,10 +7,10 @@ import asyncio
 
 import pytest
 
+from rayrollout.data.schema import Message, Task
 from rayrollout.environment import Episode
-from rayrollout.hosting import environment_app
-from rayrollout.schema import Message, Task
-from rayrollout.serve_batching import BatchingHandle
+from rayrollout.environment.hosting import environment_app
+from rayrollout.environment.serve_batching import BatchingHandle
 
 APP = "batching-tests.env.faulty"
 

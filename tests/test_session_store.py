@@ -7,9 +7,9 @@ import asyncio
 import pytest
 from fixture_envs import SleepyEnv
 
+from rayrollout.data.schema import Message, Task
 from rayrollout.environment import Episode
-from rayrollout.schema import Message, Task
-from rayrollout.session_store import SessionNotOpen, SessionStore
+from rayrollout.environment.session_store import SessionNotOpen, SessionStore
 
 
 class ClosingEnv(SleepyEnv):

@@ -1,9 +1,9 @@
 import pytest
 from rich.console import Console
 
-from rayrollout.progress import summary_table
-from rayrollout.schema import EpisodeMetrics, Trajectory
-from rayrollout.stats import RunStats
+from rayrollout.cli.progress import summary_table
+from rayrollout.data.schema import EpisodeMetrics, Trajectory
+from rayrollout.engine.stats import RunStats
 
 
 def row(env, reward, status="ok", model=0.5, tools=0.25, verify=0.05, total=1.0):

@@ -4,9 +4,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rayrollout.nemo_gym import seed_body
-from rayrollout.schema import Trajectory, trajectory_arrow_schema
-from rayrollout.tasks import UNSUPPORTED, InvalidTaskError, parse_task_row, read_tasks
+from rayrollout.data.schema import Trajectory, trajectory_arrow_schema
+from rayrollout.data.tasks import UNSUPPORTED, InvalidTaskError, parse_task_row, read_tasks
+from rayrollout.environment.nemo_gym.client import seed_body
 
 NEMO_GYM_ROW = {
     "responses_create_params": {

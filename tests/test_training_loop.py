@@ -22,9 +22,9 @@ import pytest
 import ray
 
 from rayrollout import RunConfig, Trajectory, read_trajectories, trajectory_arrow_schema
-from rayrollout.cluster import down, start_detached
-from rayrollout.groups import Group, generate_groups
-from rayrollout.schema import Task, Turn
+from rayrollout.api.cluster import down, start_detached
+from rayrollout.data.schema import Task, Turn
+from rayrollout.engine.groups import Group, generate_groups
 
 ROOT = Path(__file__).resolve().parents[1]
 SLEEP_S = 3.0  # every model call of an in-flight test episode takes this long
@@ -280,7 +280,7 @@ def test_vllm_backend_without_control_endpoints_says_how_to_deploy_them(trainer,
     """The scripted app answers 404 on /pause, like a vLLM app deployed without them."""
     import asyncio
 
-    from rayrollout.weights import WeightUpdateError, _VllmBackend
+    from rayrollout.engine.weights import WeightUpdateError, _VllmBackend
 
     backend = _VllmBackend(f"http://127.0.0.1:{serve_session}/training/policy/v1", "m")
     with pytest.raises(WeightUpdateError, match="control_endpoints: true"):
@@ -288,13 +288,15 @@ def test_vllm_backend_without_control_endpoints_says_how_to_deploy_them(trainer,
 
 
 def test_control_endpoints_install_the_weight_reload_worker_extension():
-    from deployments.vllm.app import llm_config_kwargs, load_vllm_config
+    from rayrollout.deployments.vllm.app import llm_config_kwargs, load_vllm_config
 
     config = load_vllm_config(ROOT / "deployments/vllm/cpu.yaml")
     assert "worker_extension_cls" not in llm_config_kwargs(config, "m")["engine_kwargs"]
     with_control = config.model_copy(update={"control_endpoints": True})
     engine = llm_config_kwargs(with_control, "m")["engine_kwargs"]
-    assert engine["worker_extension_cls"] == "rayrollout.vllm_worker.WeightReloadExtension"
+    assert (
+        engine["worker_extension_cls"] == "rayrollout.deployments.vllm.worker.WeightReloadExtension"
+    )
 
 
 async def test_generate_groups_checks_its_arguments():

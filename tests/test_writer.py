@@ -2,8 +2,8 @@ import pandas as pd
 import pyarrow.dataset as ds
 import pytest
 
-from rayrollout.schema import Trajectory
-from rayrollout.writer import PartWriter, WriterError, make_sink, written_keys
+from rayrollout.data.schema import Trajectory
+from rayrollout.data.writer import PartWriter, WriterError, make_sink, written_keys
 
 
 def rows(n, start=0):

@@ -1,5 +1,5 @@
 """The scripted policy: a stand-in for the LLM's judgement that speaks the real OpenAI protocol."""
 
-from deployments.scripted.server import ScriptedPolicy, scripted_policy_app
+from rayrollout.deployments.scripted.server import ScriptedPolicy, scripted_policy_app
 
 __all__ = ["ScriptedPolicy", "scripted_policy_app"]

@@ -14,8 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from ray import serve
-
-from deployments.scripted.strategy import Action, next_action, requested_sleep
+from rayrollout.deployments.scripted.strategy import Action, next_action, requested_sleep
 
 app = FastAPI(title="rayrollout scripted policy")
 _ids = itertools.count()
@@ -178,7 +177,7 @@ def scripted_policy_app(
 ) -> serve.Application:
     """The scripted policy application, ready for ``serve.run``.
 
-    ``ray_actor_options`` places the replicas (``rayrollout.placement``: GPU-node role).
+    ``ray_actor_options`` places the replicas (``rayrollout.engine.placement``: GPU-node role).
     """
     options: dict[str, Any] = {"num_replicas": replicas}
     if ray_actor_options:

@@ -1,5 +1,5 @@
 """The vLLM policy: Ray Serve LLM (``LLMConfig`` + ``build_openai_app``) from rayrollout YAML."""
 
-from deployments.vllm.app import VllmDeploymentConfig, build_vllm_app, load_vllm_config
+from rayrollout.deployments.vllm.app import VllmDeploymentConfig, build_vllm_app, load_vllm_config
 
 __all__ = ["VllmDeploymentConfig", "build_vllm_app", "load_vllm_config"]

@@ -125,7 +125,7 @@ def load_vllm_config(path: str | Path) -> VllmDeploymentConfig:
 def resolve_model_source(config: VllmDeploymentConfig) -> str:
     """The weights' path or id; builds the tiny model (cached) when the config asks for it."""
     if config.model_source == TINY_MODEL_SOURCE:
-        from rayrollout.tiny_model import build_tiny_model
+        from rayrollout.deployments.vllm.tiny_model import build_tiny_model
 
         return str(build_tiny_model())
     return config.model_source
@@ -148,9 +148,11 @@ def llm_config_kwargs(config: VllmDeploymentConfig, model_source: str) -> dict[s
         **config.engine_kwargs,
     }
     if config.control_endpoints:
-        # Weight updates call rayrollout_reload_weights on every worker (rayrollout.vllm_worker:
-        # vLLM's reload_weights plus a fix for tied LM heads on CPU).
-        engine.setdefault("worker_extension_cls", "rayrollout.vllm_worker.WeightReloadExtension")
+        # Weight updates call rayrollout_reload_weights on every worker (the worker module
+        # beside this one: vLLM's reload_weights plus a fix for tied LM heads on CPU).
+        engine.setdefault(
+            "worker_extension_cls", "rayrollout.deployments.vllm.worker.WeightReloadExtension"
+        )
     kwargs: dict[str, Any] = {
         "model_loading_config": {"model_id": config.model_id, "model_source": model_source},
         "engine_kwargs": engine,

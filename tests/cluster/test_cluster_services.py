@@ -13,7 +13,7 @@ from ray.util.state import list_actors
 from raycluster import VENV_BIN, run_config
 
 from rayrollout import RolloutEngine, RunConfig
-from rayrollout.cluster import ServiceNotFoundError, down, lookup_app, lookup_engine, status, up
+from rayrollout.api.cluster import ServiceNotFoundError, down, lookup_app, lookup_engine, status, up
 
 pytestmark = pytest.mark.cluster
 

@@ -479,8 +479,8 @@ class Sweep:
         }
 
     def start_policy(self) -> None:
-        from rayrollout.config import RunConfig
-        from rayrollout.services import deploy_policy, ensure_ray
+        from rayrollout.data.config import RunConfig
+        from rayrollout.engine.services import deploy_policy, ensure_ray
 
         config = RunConfig.model_validate(self.base_config())
         ensure_ray(config)
@@ -543,8 +543,8 @@ class Sweep:
 
     def play(self, batch: list[Server], urls: dict[str, str], index: int) -> None:
         """Every live server's example rows, in one collection; results per server."""
-        from rayrollout.api import RolloutEngine
-        from rayrollout.tasks import read_tasks
+        from rayrollout.api.rollout_engine import RolloutEngine
+        from rayrollout.data.tasks import read_tasks
 
         tasks = []
         for server in batch:

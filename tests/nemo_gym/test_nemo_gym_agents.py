@@ -22,8 +22,8 @@ from ngrun import NG_VENV, NemoGymRun, descendants, free_port
 from ray import serve
 from typer.testing import CliRunner
 
-from rayrollout.cli import app as cli_app
-from rayrollout.nemo_gym_config import nemo_gym_root
+from rayrollout.cli.commands import app as cli_app
+from rayrollout.environment.nemo_gym.config import nemo_gym_root
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,8 +35,8 @@ def _weather_rows(tmp_path: Path) -> Path:
 def _math_rows(tmp_path: Path) -> Path:
     """The math environment's tasks as NeMo Gym rows, the gold answer as ``expected_result``
     (the name NeMo Gym's math datasets use)."""
-    from rayrollout.convert import chat_tools_to_responses
-    from rayrollout.registry import load_environment
+    from rayrollout.data.convert import chat_tools_to_responses
+    from rayrollout.environment.registry import load_environment
 
     tools = chat_tools_to_responses(load_environment("math").tool_schemas())
     path = tmp_path / "math_nemo_gym.jsonl"
@@ -63,7 +63,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def policy_url(serve_session: int) -> str:
-    from deployments.scripted import scripted_policy_app
+    from rayrollout.deployments.scripted import scripted_policy_app
 
     serve.run(scripted_policy_app(), name="ng-agents-policy", route_prefix="/ng-agents-policy")
     yield f"http://127.0.0.1:{serve_session}/ng-agents-policy/v1"

@@ -18,9 +18,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rayrollout.nemo_gym import seed_body
-from rayrollout.schema import Trajectory, trajectory_arrow_schema
-from rayrollout.tasks import UNSUPPORTED, InvalidTaskError, iter_task_rows, parse_task_row
+from rayrollout.data.schema import Trajectory, trajectory_arrow_schema
+from rayrollout.data.tasks import UNSUPPORTED, InvalidTaskError, iter_task_rows, parse_task_row
+from rayrollout.environment.nemo_gym.client import seed_body
 
 # The features rayrollout refuses, as each refusal names them after "UNSUPPORTED: ".
 RUN_TIME_FIRST_OBSERVATION = "a first observation made at run time"

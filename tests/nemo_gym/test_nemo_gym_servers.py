@@ -20,7 +20,7 @@ import yaml
 from ngrun import NemoGymRun, descendants, free_port, resources_server_block
 from typer.testing import CliRunner
 
-from rayrollout.cli import app as cli_app
+from rayrollout.cli.commands import app as cli_app
 
 SERVERS = ("example_single_tool_call", "example_multi_step", "math_with_code")
 

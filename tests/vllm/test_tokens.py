@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rayrollout.deployments.vllm.app import llm_config_kwargs, load_vllm_config
 
-from deployments.vllm.app import llm_config_kwargs, load_vllm_config
-from rayrollout.episode import _check_tokens
-from rayrollout.schema import Trajectory, Turn
-from rayrollout.tokens import (
+from rayrollout.data.schema import Trajectory, Turn
+from rayrollout.engine.episode import _check_tokens
+from rayrollout.policy.tokens import (
     DeltaRenderer,
     TemplateError,
     first_mismatch,
@@ -149,8 +149,8 @@ def test_bad_vllm_config_names_the_file_and_the_key(tmp_path):
 
 
 def test_vllm_policy_without_a_deployment_file_says_which_flag_to_pass():
-    from rayrollout.config import RunConfig
-    from rayrollout.services import PolicyEndpointError, deploy_policy
+    from rayrollout.data.config import RunConfig
+    from rayrollout.engine.services import PolicyEndpointError, deploy_policy
 
     with pytest.raises(PolicyEndpointError, match="--policy-config"):
         deploy_policy(RunConfig.model_validate({"policy": {"kind": "vllm"}}))

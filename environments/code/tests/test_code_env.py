@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from ray import serve
 from ray.serve.handle import DeploymentHandle
+from rayrollout.environments.code.env import CodeEnv, extract_code
+from rayrollout.environments.code.sandbox import run_sandboxed
 
-from environments.code.env import CodeEnv, extract_code
-from environments.code.sandbox import run_sandboxed
+from rayrollout.data.schema import FunctionCall, Message, Task, ToolCall
+from rayrollout.data.tasks import read_tasks
 from rayrollout.environment import Episode, ToolResult, Verification
-from rayrollout.hosting import EnvSession, InlineSession, ServeSession, environment_app
-from rayrollout.schema import FunctionCall, Message, Task, ToolCall
-from rayrollout.tasks import read_tasks
+from rayrollout.environment.hosting import EnvSession, InlineSession, ServeSession, environment_app
 
 HERE = Path(__file__).resolve().parents[1]
 TASK = Task(
@@ -198,7 +198,7 @@ async def run_small_episode(session: EnvSession) -> tuple[ToolResult, Verificati
 
 @pytest.fixture(scope="module")
 def code_app(serve_session: int) -> Iterator[DeploymentHandle]:
-    app = environment_app("environments.code.env:CodeEnv", num_replicas=2)
+    app = environment_app("rayrollout.environments.code.env:CodeEnv", num_replicas=2)
     yield serve.run(app, name="test-code", route_prefix=None)
     serve.delete("test-code")
 

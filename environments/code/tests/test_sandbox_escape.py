@@ -18,8 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from environments.code.sandbox import network_isolation, run_sandboxed
+from rayrollout.environments.code.sandbox import network_isolation, run_sandboxed
 
 # The child runs each attempt and reports "blocked: <error>" or "ESCAPED".
 ATTEMPTS = """\

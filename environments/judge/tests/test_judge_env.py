@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
+from rayrollout.environments.judge.env import JudgeEnv
 
-from environments.judge.env import JudgeEnv
 from rayrollout import RolloutEngine
+from rayrollout.data.schema import Message
+from rayrollout.data.tasks import parse_task_row
 from rayrollout.environment import Episode
-from rayrollout.schema import Message
-from rayrollout.tasks import parse_task_row
 
 HERE = Path(__file__).resolve().parents[1]
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from ray import serve
 from ray.serve.handle import DeploymentHandle
+from rayrollout.environments.math.env import MathEnv
 
-from environments.math.env import MathEnv
+from rayrollout.data.schema import FunctionCall, Message, Task, ToolCall
+from rayrollout.data.tasks import parse_task_row, read_tasks
 from rayrollout.environment import Episode, ToolResult, Verification
-from rayrollout.hosting import EnvSession, InlineSession, ServeSession, environment_app
-from rayrollout.schema import FunctionCall, Message, Task, ToolCall
-from rayrollout.tasks import parse_task_row, read_tasks
+from rayrollout.environment.hosting import EnvSession, InlineSession, ServeSession, environment_app
 
 HERE = Path(__file__).resolve().parents[1]
 TASK = Task(
@@ -221,7 +221,7 @@ async def run_small_episode(session: EnvSession) -> tuple[ToolResult, Verificati
 
 @pytest.fixture(scope="module")
 def math_app(serve_session: int) -> Iterator[DeploymentHandle]:
-    app = environment_app("environments.math.env:MathEnv", num_replicas=2)
+    app = environment_app("rayrollout.environments.math.env:MathEnv", num_replicas=2)
     yield serve.run(app, name="test-math", route_prefix=None)
     serve.delete("test-math")
 

@@ -6,14 +6,14 @@ import pytest
 
 pytest.importorskip("reasoning_gym", reason="needs the [reasoning-gym] extra")
 
+from rayrollout.environments.reasoning.env import ReasoningGymEnv, extract_answer, generate_tasks  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-from environments.reasoning.env import ReasoningGymEnv, extract_answer, generate_tasks  # noqa: E402
 from rayrollout import RolloutEngine  # noqa: E402
-from rayrollout.cli import app  # noqa: E402
+from rayrollout.cli.commands import app  # noqa: E402
+from rayrollout.data.schema import Message  # noqa: E402
+from rayrollout.data.tasks import parse_task_row  # noqa: E402
 from rayrollout.environment import Episode  # noqa: E402
-from rayrollout.schema import Message  # noqa: E402
-from rayrollout.tasks import parse_task_row  # noqa: E402
 
 DATASETS = ["leg_counting", "basic_arithmetic", "word_sorting"]
 

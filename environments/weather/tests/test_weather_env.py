@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from ray import serve
 from ray.serve.handle import DeploymentHandle
+from rayrollout.environments.weather.env import WeatherEnv
 
-from environments.weather.env import WeatherEnv
+from rayrollout.data.schema import FunctionCall, Message, Task, ToolCall
+from rayrollout.data.tasks import read_tasks
 from rayrollout.environment import Episode, ToolResult, Verification
-from rayrollout.hosting import EnvSession, InlineSession, ServeSession, environment_app
-from rayrollout.schema import FunctionCall, Message, Task, ToolCall
-from rayrollout.tasks import read_tasks
+from rayrollout.environment.hosting import EnvSession, InlineSession, ServeSession, environment_app
 
 HERE = Path(__file__).resolve().parents[1]
 TASK = Task(
@@ -156,7 +156,7 @@ async def run_small_episode(session: EnvSession) -> tuple[ToolResult, Verificati
 
 @pytest.fixture(scope="module")
 def weather_app(serve_session: int) -> Iterator[DeploymentHandle]:
-    app = environment_app("environments.weather.env:WeatherEnv", num_replicas=2)
+    app = environment_app("rayrollout.environments.weather.env:WeatherEnv", num_replicas=2)
     yield serve.run(app, name="test-weather", route_prefix=None)
     serve.delete("test-weather")
 

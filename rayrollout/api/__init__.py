@@ -1,0 +1,5 @@
+"""The Python API a driver or training loop holds: ``RolloutEngine`` (``rollout_engine``)
+and the long-lived cluster services of ``rayrollout up`` (``cluster``).
+
+May import: the engine and everything below it; never the CLI.
+"""

@@ -1,0 +1,194 @@
+"""Long-lived services on a cluster: ``up``, ``status``, ``down``, and finding what is up.
+
+``up`` deploys a namespace's policy, its Serve-hosted environments and a detached engine
+(with its agents); ``collect`` and training loops then attach to that engine instead of
+starting their own. Everything is found by name in the namespace (the ``engine`` actor,
+``agent:<i>`` actors, Serve apps ``<ns>.policy`` and ``<ns>.env.<name>``), so two namespaces
+on one cluster never see each other. A lookup retries briefly while things start, then
+fails naming what is missing and the command that starts it.
+
+Example:
+    >>> from rayrollout.api.cluster import up, status, down  # doctest: +SKIP
+    >>> up(load_config("run.yaml")); print(status("rayrollout")); down("rayrollout")
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any
+
+import ray
+from ray import serve
+
+from rayrollout.data.config import RunConfig
+from rayrollout.engine.actor import ENGINE_NAME, EngineActor
+from rayrollout.engine.placement import cpu_actor_options
+from rayrollout.engine.services import deploy_policy, ensure_ray, policy_app_name
+from rayrollout.environment.hosting import environment_app_name
+
+__all__ = [
+    "ServiceNotFoundError",
+    "down",
+    "lookup_app",
+    "lookup_engine",
+    "start_detached",
+    "status",
+    "up",
+]
+
+LOOKUP_TIMEOUT_S = 5.0
+
+
+class ServiceNotFoundError(LookupError):
+    """A named service (the engine, a Serve app) is not up in the namespace."""
+
+
+def _retry(find: Any, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return find()
+        except (ValueError, KeyError, RuntimeError, serve.exceptions.RayServeException):
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.25)
+
+
+def lookup_engine(namespace: str, timeout_s: float = LOOKUP_TIMEOUT_S) -> Any:
+    """The namespace's engine actor; retries for ``timeout_s`` while it starts.
+
+    Raises:
+        ServiceNotFoundError: naming the namespace and the command that starts an engine.
+    """
+    engine = _retry(lambda: ray.get_actor(ENGINE_NAME, namespace=namespace), timeout_s)
+    if engine is None:
+        raise ServiceNotFoundError(
+            f"no rayrollout engine in Ray namespace '{namespace}' (looked for actor "
+            f"'{ENGINE_NAME}' for {timeout_s:g}s): start one with `rayrollout up --config "
+            f"FILE --namespace {namespace}` (or let `rayrollout collect` start its own)"
+        )
+    return engine
+
+
+def lookup_app(namespace: str, app: str, timeout_s: float = LOOKUP_TIMEOUT_S) -> Any:
+    """A handle to the Serve app ``<namespace>.<app>`` (``policy``, ``env.code``); retries.
+
+    Raises:
+        ServiceNotFoundError: naming the app and the command that deploys it.
+    """
+    name = f"{namespace}.{app}"
+
+    def find() -> Any:
+        if name not in serve.status().applications:
+            raise KeyError(name)
+        return serve.get_app_handle(name)
+
+    handle = _retry(find, timeout_s)
+    if handle is None:
+        raise ServiceNotFoundError(
+            f"Serve application '{name}' is not running (looked for {timeout_s:g}s): "
+            f"deploy it with `rayrollout up --config FILE --namespace {namespace}`"
+        )
+    return handle
+
+
+def up(config: RunConfig) -> dict[str, Any]:
+    """Deploy the policy, the Serve-hosted environments and a detached engine; return status.
+
+    Raises:
+        RuntimeError: an engine already runs in the namespace (``rayrollout down`` first).
+    """
+    start_detached(config)
+    return status(config.namespace)
+
+
+def start_detached(config: RunConfig) -> Any:
+    """``up`` without the status report: returns the detached engine's handle.
+
+    Raises:
+        RuntimeError: an engine already runs in the namespace (``rayrollout down`` first).
+    """
+    ensure_ray(config)
+    try:
+        ray.get_actor(ENGINE_NAME, namespace=config.namespace)
+    except ValueError:
+        pass
+    else:
+        raise RuntimeError(
+            f"an engine is already up in namespace '{config.namespace}': "
+            f"`rayrollout down --namespace {config.namespace}` first, or use another namespace"
+        )
+    policy_url = deploy_policy(config)
+    run_id = time.strftime("up-%Y%m%d-%H%M%S")
+    engine = EngineActor.options(
+        name=ENGINE_NAME,
+        namespace=config.namespace,
+        lifetime="detached",
+        **cpu_actor_options(config, {}),
+    ).remote(config, policy_url, run_id, True)
+    ray.get(engine.start.remote())
+    ray.get(engine.ensure_environments.remote(sorted(config.environments)))
+    return engine
+
+
+def status(namespace: str) -> dict[str, Any]:
+    """What is up in the namespace: Serve apps with replicas per node, agents, engine health."""
+    from ray.util.state import list_actors
+
+    prefix = f"{namespace}."
+    apps: dict[str, Any] = {}
+    for name, app in serve.status().applications.items():
+        if name.startswith(prefix):
+            apps[name] = {"status": str(app.status.value), "replicas_per_node": {}}
+    actors = list_actors(detail=True, filters=[("state", "=", "ALIVE")], limit=10_000)
+    per_node: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    agents: dict[str, str] = {}
+    for actor in actors:
+        if actor.class_name.startswith("ServeReplica:"):
+            app_name = actor.class_name.split(":")[1]
+            if app_name in apps:
+                per_node[app_name][actor.node_id] += 1
+        elif actor.class_name == "AgentActor" and actor.ray_namespace == namespace:
+            agents[actor.name] = actor.node_id
+    for name, nodes in per_node.items():
+        apps[name]["replicas_per_node"] = dict(nodes)
+    try:
+        engine = ray.get_actor(ENGINE_NAME, namespace=namespace)
+        health = ray.get(engine.progress.remote(), timeout=30)
+        engine_state: dict[str, Any] = {"up": True, "progress": health}
+    except ValueError:
+        engine_state = {"up": False}
+    except Exception as exc:  # up but not answering: say so rather than fail the listing
+        engine_state = {"up": True, "error": f"{type(exc).__name__}: {exc}"}
+    return {"namespace": namespace, "engine": engine_state, "apps": apps, "agents": agents}
+
+
+def down(namespace: str) -> list[str]:
+    """Remove the namespace's engine, agents and Serve apps; returns what was removed."""
+    removed: list[str] = []
+    try:
+        engine = ray.get_actor(ENGINE_NAME, namespace=namespace)
+    except ValueError:
+        engine = None
+    if engine is not None:
+        try:
+            ray.get(engine.close.remote(), timeout=30)
+        except Exception:  # a dead engine's output lock is released by the OS
+            pass
+        ray.kill(engine)
+        removed.append(f"actor {namespace}/{ENGINE_NAME}")
+    for info in ray.util.list_named_actors(all_namespaces=True):
+        if info["namespace"] == namespace and info["name"].startswith("agent:"):
+            try:
+                ray.kill(ray.get_actor(info["name"], namespace=namespace))
+                removed.append(f"actor {namespace}/{info['name']}")
+            except ValueError:
+                pass
+    for name in list(serve.status().applications):
+        if name == policy_app_name(namespace) or name.startswith(
+            environment_app_name(namespace, "")
+        ):
+            serve.delete(name)
+            removed.append(f"serve app {name}")
+    return removed

@@ -1,0 +1,9 @@
+"""The command line (``rayrollout``): a thin typer layer over the API, with the console
+progress and summary (``progress``), ``show``, ``report`` and the demo's tasks (``demo``).
+
+May import: every other part of rayrollout; nothing imports it.
+"""
+
+from rayrollout.cli.commands import app, main
+
+__all__ = ["app", "main"]

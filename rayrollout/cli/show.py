@@ -1,0 +1,145 @@
+"""``rayrollout show``: one trajectory as a readable conversation in the terminal.
+
+Finding the row uses a filtered scan (Parquet row groups are skipped by statistics), so a
+large output folder is never loaded whole.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.dataset as ds
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from rayrollout.data.schema import Message, Trajectory
+
+__all__ = ["find_trajectories", "render_trajectory"]
+
+_ROLE_STYLE = {"system": "magenta", "user": "cyan", "assistant": "green", "tool": "yellow"}
+
+
+def find_trajectories(directory: str | Path, task_id: str) -> list[Trajectory]:
+    """Every sample of one task in an output folder (Parquet or JSONL parts)."""
+    directory = Path(directory)
+    parquet = sorted(str(p) for p in directory.glob("part-*.parquet"))
+    found: list[Trajectory] = []
+    if parquet:
+        table = ds.dataset(parquet, format="parquet").to_table(
+            filter=ds.field("task_id") == task_id
+        )
+        found += [Trajectory.from_row(row) for row in table.to_pylist()]
+    for path in sorted(directory.glob("part-*.jsonl")):
+        with path.open(encoding="utf-8") as file:
+            for line in file:
+                if f'"{task_id}"' in line:  # cheap pre-filter before parsing
+                    row = json.loads(line)
+                    if row["task_id"] == task_id:
+                        found.append(Trajectory.from_row(row))
+    return sorted(found, key=lambda t: t.sample_index)
+
+
+def _message_panel(message: Message) -> Panel:
+    parts: list[Text] = []
+    if message.content:
+        parts.append(Text(message.content))
+    for call in message.tool_calls or []:
+        parts.append(
+            Text.assemble(
+                ("call ", "bold"),
+                (call.function.name, "bold yellow"),
+                f"({call.function.arguments})  ",
+                (f"[{call.id}]", "dim"),
+            )
+        )
+    title = message.role
+    if message.role == "tool":
+        title = f"tool {message.name or ''} [{message.tool_call_id}]"
+    return Panel(
+        Group(*parts) if parts else Text("(empty)", style="dim"),
+        title=title,
+        title_align="left",
+        border_style=_ROLE_STYLE.get(message.role, "white"),
+    )
+
+
+def render_trajectory(trajectory: Trajectory, console: Console) -> None:
+    """Print the episode: header, every message, the verdict and where the time went."""
+    status_style = "green" if trajectory.status == "ok" else "red"
+    header = Table.grid(padding=(0, 2))
+    header.add_row("task", f"{trajectory.task_id}  sample {trajectory.sample_index}")
+    header.add_row("environment", trajectory.environment)
+    header.add_row("model", f"{trajectory.model}  (policy version {trajectory.policy_version})")
+    header.add_row("agent", trajectory.agent or "-")
+    header.add_row("status", Text(trajectory.status, style=status_style))
+    header.add_row("reward", f"{trajectory.reward:.3f}")
+    if trajectory.error:
+        header.add_row("error", Text(trajectory.error, style="red"))
+    console.print(Panel(header, title="trajectory", title_align="left"))
+    for message in trajectory.messages:
+        console.print(_message_panel(message))
+    if trajectory.verification:
+        console.print(
+            Panel(
+                json.dumps(trajectory.verification, indent=2, ensure_ascii=False),
+                title="verification",
+                title_align="left",
+            )
+        )
+    m = trajectory.metrics
+    timing = Table(
+        "turns",
+        "tool calls",
+        "tool errors",
+        "tokens in/out",
+        "model s",
+        "tools s",
+        "verify s",
+        "total s",
+        title="metrics",
+    )
+    timing.add_row(
+        str(m.turns),
+        str(m.tool_calls),
+        str(m.tool_errors),
+        f"{m.tokens_in}/{m.tokens_out}",
+        f"{m.seconds_model:.3f}",
+        f"{m.seconds_tools:.3f}",
+        f"{m.seconds_verify:.3f}",
+        f"{m.seconds_total:.3f}",
+    )
+    console.print(timing)
+    if m.timeline:
+        steps = Table("at s", "step", "seconds", "ok", title="timeline")
+        for event in m.timeline:
+            label = f"{event.kind} {event.name}".strip()
+            steps.add_row(
+                f"{event.start_s:.3f}",
+                label,
+                f"{event.seconds:.3f}",
+                "yes" if event.ok else Text("no", style="red"),
+            )
+        console.print(steps)
+    if trajectory.turns:
+        turns = Table(
+            "turn",
+            "finish",
+            "prompt ids",
+            "completion ids",
+            "logprobs",
+            "seconds",
+            title="model calls",
+        )
+        for i, turn in enumerate(trajectory.turns):
+            turns.add_row(
+                str(i),
+                turn.finish_reason or "-",
+                str(len(turn.prompt_token_ids)),
+                str(len(turn.completion_token_ids)),
+                str(len(turn.logprobs)),
+                f"{turn.seconds:.3f}",
+            )
+        console.print(turns)

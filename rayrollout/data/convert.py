@@ -1,0 +1,74 @@
+"""Conversions between Chat Completions messages and Responses-API items and tools.
+
+Trajectories keep chat messages; the Responses API is spoken at the policy boundary (and by
+NeMo Gym rows), so both directions live here, in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rayrollout.data.schema import FunctionCall, Message, ToolCall
+
+__all__ = [
+    "chat_tools_to_responses",
+    "messages_to_responses_input",
+    "responses_output_to_message",
+]
+
+
+def chat_tools_to_responses(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat function tools (``{"type", "function": {...}}``) in Responses form (flat).
+
+    ``strict`` is always present (``None`` when the schema does not say): the Responses
+    API's ``FunctionToolParam`` requires the key, and NeMo Gym's request models reject a
+    tool without it.
+    """
+    return [{"type": "function", "strict": None, **tool["function"]} for tool in tools]
+
+
+def messages_to_responses_input(messages: list[Message]) -> list[dict[str, Any]]:
+    """Chat messages as Responses-API input items, tool calls and outputs included."""
+    items: list[dict[str, Any]] = []
+    for message in messages:
+        if message.role == "tool":
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": message.tool_call_id,
+                    "output": message.content or "",
+                }
+            )
+            continue
+        if message.content:
+            items.append({"type": "message", "role": message.role, "content": message.content})
+        for call in message.tool_calls or []:
+            items.append(
+                {
+                    "type": "function_call",
+                    "call_id": call.id,
+                    "name": call.function.name,
+                    "arguments": call.function.arguments,
+                }
+            )
+    return items
+
+
+def responses_output_to_message(output: list[dict[str, Any]]) -> Message:
+    """A Responses-API ``output`` list as one assistant chat message."""
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    for item in output:
+        kind = item.get("type")
+        if kind == "message":
+            for part in item.get("content") or []:
+                if part.get("type") in ("output_text", "text"):
+                    texts.append(part.get("text", ""))
+        elif kind == "function_call":
+            calls.append(
+                ToolCall(
+                    id=item.get("call_id") or item.get("id") or f"call_{len(calls)}",
+                    function=FunctionCall(name=item["name"], arguments=item.get("arguments") or ""),
+                )
+            )
+    return Message(role="assistant", content="".join(texts) or None, tool_calls=calls or None)

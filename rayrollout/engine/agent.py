@@ -1,0 +1,179 @@
+"""Agent actors: async Ray actors that each run hundreds of episodes at once.
+
+The engine sends an agent chunks of episodes (one Ray call per chunk, not per episode); the
+agent runs every episode of a chunk concurrently on its event loop and streams finished
+ones back as Arrow batches ready for the writer (see ``chunks``). Environments are resolved
+lazily: inline ones are imported into the agent, Serve-hosted ones are reached through
+cached deployment handles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import ray
+from ray import serve
+
+from rayrollout.data.config import RunConfig
+from rayrollout.engine.chunks import ChunkRows
+from rayrollout.engine.episode import EpisodeSpec, failed_trajectory, run_episode
+from rayrollout.environment import Environment
+from rayrollout.environment.hosting import (
+    EnvSession,
+    InlineSession,
+    ServeSession,
+    environment_app_name,
+)
+from rayrollout.environment.nemo_gym.client import NemoGymConnections, RemoteEnvironment
+from rayrollout.environment.registry import load_environment
+from rayrollout.environment.serve_batching import BatchingHandle
+from rayrollout.policy.client import PolicyClient
+from rayrollout.policy.gate import GatedPolicy, PauseMode, PolicyGate
+
+__all__ = ["AgentActor", "agent_name"]
+
+logger = logging.getLogger(__name__)
+_EPISODE_ATTEMPTS = 3  # tries of an episode whose environment replica died mid-episode
+_LINGER_S = 0.005  # episodes of a chunk finishing this close together go back as one batch
+
+
+def agent_name(index: int) -> str:
+    """Actor name of the i-th agent in a run's namespace."""
+    return f"agent:{index}"
+
+
+def resolve_hosting(config: RunConfig, env_cls: type[Environment]) -> str:
+    """Where an environment runs: 'remote' for a URL, the config's choice, else the default."""
+    settings = config.environment_config(env_cls.name)
+    if settings.url is not None:
+        return "remote"
+    return settings.hosting or env_cls.default_hosting
+
+
+class AgentRunner:
+    """The agent's logic, usable without Ray (tests, benchmarks of the bare loop)."""
+
+    def __init__(self, name: str, config: RunConfig, policy_url: str) -> None:
+        self.name = name
+        self.config = config
+        # One connection per episode this agent may hold in flight, so no call queues for one.
+        per_agent = -(-config.concurrency // config.agents.num_agents)
+        client = PolicyClient(config.policy, policy_url, max_connections=per_agent + 16)
+        # Every model call passes the gate: pause/resume for weight updates, versions per turn.
+        self.gate = PolicyGate(config.training.max_staleness)
+        self.policy = GatedPolicy(client, self.gate)
+        self.handles: dict[str, Any] = {}
+        self.batchers: dict[str, BatchingHandle] = {}
+        self.remote = NemoGymConnections()
+
+    def _env_class(self, name: str) -> type[Environment]:
+        settings = self.config.environment_config(name)
+        if settings.url is not None:
+            return RemoteEnvironment
+        return load_environment(settings.path or name)
+
+    def _session(
+        self, env_cls: type[Environment], env_name: str, spec: EpisodeSpec, episode_id: str
+    ) -> EnvSession:
+        settings = self.config.environment_config(env_name)
+        if settings.url is not None:  # a NeMo Gym resources server, over HTTP
+            return self.remote.session(env_name, settings, spec.task, episode_id)
+        if resolve_hosting(self.config, env_cls) == "inline":
+            return InlineSession(env_cls, spec.task)
+        handle = self.handles.get(env_name)
+        if handle is None:
+            app = environment_app_name(self.config.namespace, env_name)
+            # Results by value, not through the object store: about 40% less caller CPU per
+            # call for the small payloads environments exchange (notes/ray-costs.md).
+            handle = serve.get_app_handle(app).options(_by_reference=False)
+            self.handles[env_name] = handle
+            self.batchers[env_name] = BatchingHandle(handle)
+        return ServeSession(
+            handle, env_cls.is_stateful(), episode_id, spec.task, self.batchers[env_name]
+        )
+
+    async def run_one(self, spec: EpisodeSpec) -> dict[str, Any]:
+        """One episode; played again from the start (a new episode id) when its environment
+        replica died under it or the policy moved on more than ``max_staleness`` versions,
+        up to ``_EPISODE_ATTEMPTS`` times. Only the last try is kept."""
+        for attempt in range(1, _EPISODE_ATTEMPTS + 1):
+            episode_id = spec.new_episode_id()
+            try:
+                env_cls = self._env_class(spec.task.environment)
+                session = self._session(env_cls, spec.task.environment, spec, episode_id)
+            except Exception as exc:  # unknown env, Serve app not up: the episode fails
+                error = f"environment unavailable: {exc}"
+                return failed_trajectory(spec, self.name, error).to_row()
+            trajectory = await run_episode(
+                spec, env_cls, session, self.policy, self.config.agents, self.name, episode_id
+            )
+            trajectory.policy_version = (
+                trajectory.turns[0].policy_version if trajectory.turns else self.gate.version
+            )
+            stale = self.gate.take_stale(episode_id)
+            if not getattr(session, "lost", False) and not stale:
+                break
+            if attempt == _EPISODE_ATTEMPTS:
+                trajectory.error = f"{trajectory.error} (episode tried {attempt} times)"
+        return trajectory.to_row()
+
+    async def stream(
+        self,
+        specs: list[EpisodeSpec],
+        policy_state: tuple[int, bool] | None = None,
+        linger_s: float = _LINGER_S,
+    ) -> AsyncIterator[tuple[list[int], list[dict[str, Any]]]]:
+        """Run a chunk of episodes concurrently; yield ``(indices, rows)`` as they finish,
+        one row per episode, failures included. ``policy_state`` (version, paused) is the
+        engine's, for an agent that restarted.
+
+        A chunk's slow episode no longer holds the finished ones back: with episode times as
+        uneven as RL rollouts' (a long tool call, a model that talks for ten turns), waiting
+        for a whole chunk left most of its slots idle. Episodes finishing within
+        ``linger_s`` of each other go back together, so a burst costs one Ray message.
+        """
+        if policy_state is not None:
+            self.gate.sync(*policy_state)
+        running = {
+            asyncio.ensure_future(self.run_one(spec)): index for index, spec in enumerate(specs)
+        }
+        while running:
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            if linger_s and len(done) < len(running):
+                await asyncio.sleep(linger_s)
+                done = {task for task in running if task.done()}
+            indices = [running.pop(task) for task in done]
+            yield indices, [task.result() for task in done]
+
+
+@ray.remote(max_restarts=-1, max_task_retries=0)
+class AgentActor:
+    """One agent of the pool (named ``agent:<i>`` in the run's namespace)."""
+
+    def __init__(self, name: str, config: RunConfig, policy_url: str) -> None:
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)
+        self.runner = AgentRunner(name, config, policy_url)
+
+    async def run(
+        self, specs: list[EpisodeSpec], policy_state: tuple[int, bool] | None = None
+    ) -> AsyncIterator[ChunkRows]:
+        """A Ray streaming generator: each finished batch of the chunk goes back at once."""
+        async for indices, rows in self.runner.stream(specs, policy_state):
+            yield ChunkRows.from_rows(rows, indices)
+
+    async def pause(self, mode: PauseMode) -> int:
+        """Hold this agent's new model calls (see ``policy_gate``); returns calls in flight."""
+        return await self.runner.gate.pause(mode)
+
+    def resume(self, version: int) -> None:
+        self.runner.gate.resume(version)
+
+    def policy_calls(self) -> dict[str, Any]:
+        """This agent's gate: version, paused, calls in flight, held, aborted, stale restarts."""
+        return self.runner.gate.snapshot()
+
+    def ready(self) -> str:
+        return self.runner.name

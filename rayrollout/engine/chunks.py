@@ -1,0 +1,79 @@
+"""What an agent hands back for a chunk of episodes: the rows as one Arrow table, plus the
+few figures per episode that the engine's counters and metrics read.
+
+Rows travel as Arrow, not as Python dicts: the agent builds the table (its CPU is spread
+over the pool) and the engine, one process for the whole run, only concatenates tables for
+the writer. Profiled at 256 episodes in flight, unpickling nested row dicts and building
+tables from them was over a third of the engine's CPU. The table crosses the Ray call as
+Arrow IPC stream bytes (about 2 us per row each way), not as a ``pa.Table``: Ray's own
+pickling of a table rebuilds it array by array in Python, measured at about 190 us per row
+for this nested schema. The engine turns a table back into rows only for chunks a
+``generate`` caller waits on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from rayrollout.data.writer import SCHEMA
+
+__all__ = ["ChunkRows", "summarize"]
+
+_METRIC_FIELDS = (
+    "turns",
+    "tool_calls",
+    "seconds_model",
+    "seconds_tools",
+    "seconds_verify",
+    "seconds_total",
+    "seconds_queued",
+    "tokens_in",
+    "tokens_out",
+)
+
+
+def summarize(row: dict[str, Any]) -> dict[str, Any]:
+    """The part of a row that ``RunStats.add`` and ``RunMetrics.on_rows`` read."""
+    metrics = row["metrics"]
+    summary_metrics = {name: metrics[name] for name in _METRIC_FIELDS}
+    summary_metrics["timeline"] = [
+        {"kind": e["kind"], "name": e["name"], "seconds": e["seconds"]}
+        for e in metrics["timeline"]
+        if e["kind"] == "tool"
+    ]
+    return {
+        "environment": row["environment"],
+        "status": row["status"],
+        "reward": row["reward"],
+        "close_error": row["close_error"] is not None,
+        "metrics": summary_metrics,
+        "turns": [{"seconds": turn["seconds"]} for turn in row["turns"]],
+    }
+
+
+@dataclass
+class ChunkRows:
+    """Finished rows of a chunk (Arrow IPC bytes), their summaries, and which of the chunk's
+    specs they belong to (``indices``, positions in the list the agent was sent)."""
+
+    arrow: bytes
+    summaries: list[dict[str, Any]]
+    indices: list[int]
+
+    @classmethod
+    def from_rows(cls, rows: list[dict[str, Any]], indices: list[int]) -> ChunkRows:
+        table = pa.Table.from_pylist(rows, schema=SCHEMA)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, SCHEMA) as stream:
+            stream.write_table(table)
+        return cls(sink.getvalue().to_pybytes(), [summarize(r) for r in rows], indices)
+
+    def table(self) -> pa.Table:
+        return pa.ipc.open_stream(self.arrow).read_all()
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The full rows again (as Parquet gives them back: ``Trajectory.from_row`` reads them)."""
+        return self.table().to_pylist()

@@ -1,0 +1,242 @@
+"""The environment contract: typed async tools, an async verifier, per-episode instances.
+
+An environment is a subclass of ``Environment`` with methods marked ``@tool`` and one
+``verify`` method. One instance serves one episode, so per-episode state is plain attributes
+on ``self``; ``setup``/``close`` bracket the episode (``close`` runs on failures too). The
+tool's signature and Google-style docstring become its OpenAI function schema, and its
+arguments are validated against that schema before the tool runs.
+
+Errors: raise ``ToolError`` for a problem the model should read and may fix (bad input,
+nothing found); any other exception from a tool is an environment failure that ends the
+episode with ``status="error"``.
+
+Example::
+
+    class EchoEnv(Environment):
+        name = "echo"
+
+        @tool
+        async def echo(self, text: str) -> str:
+            \"\"\"Repeat the text.
+
+            Args:
+                text: What to repeat.
+            \"\"\"
+            return text
+
+        async def verify(self, episode: Episode) -> Verification:
+            return Verification(reward=float(bool(episode.tool_calls())))
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar, Literal, TypeVar, get_type_hints
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from rayrollout.data.schema import Message, Task, ToolCall
+
+__all__ = [
+    "Environment",
+    "Episode",
+    "Hosting",
+    "ToolError",
+    "ToolResult",
+    "Verification",
+    "tool",
+]
+
+Hosting = Literal["inline", "serve"]
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+
+class ToolError(Exception):
+    """A tool problem the model is told about (the episode goes on)."""
+
+
+class ToolResult(BaseModel):
+    """What a tool call hands back to the model."""
+
+    content: str
+    is_error: bool = False
+
+
+class Verification(BaseModel):
+    """The verifier's verdict: a reward in [0, 1] and whatever explains it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reward: float = Field(ge=0.0, le=1.0, description="Reward in [0, 1].")
+    details: dict[str, Any] = Field(default_factory=dict, description="Why this reward.")
+
+
+class Episode(BaseModel):
+    """What a verifier reads: the task and the whole conversation."""
+
+    task: Task
+    messages: list[Message]
+
+    def tool_calls(self) -> list[ToolCall]:
+        """Every tool call the model made, in order."""
+        return [c for m in self.messages if m.role == "assistant" for c in m.tool_calls or []]
+
+    def final_answer(self) -> str:
+        """Text of the last assistant message ('' when the model never answered)."""
+        for message in reversed(self.messages):
+            if message.role == "assistant":
+                return message.content or ""
+        return ""
+
+
+def tool(fn: F) -> F:
+    """Mark an ``async def`` method of an ``Environment`` as a tool the model can call."""
+    if not inspect.iscoroutinefunction(fn):
+        raise TypeError(
+            f"@tool {fn.__qualname__} must be 'async def' (wrap sync code in asyncio.to_thread)"
+        )
+    fn.__rayrollout_tool__ = True  # type: ignore[attr-defined]
+    return fn
+
+
+class _ToolSpec:
+    """A tool's argument model and OpenAI schema, built once per class."""
+
+    def __init__(self, name: str, fn: Callable[..., Awaitable[Any]]) -> None:
+        self.name = name
+        description, arg_docs = _parse_docstring(inspect.getdoc(fn) or "")
+        hints = get_type_hints(fn)
+        fields: dict[str, Any] = {}
+        for param in list(inspect.signature(fn).parameters.values())[1:]:
+            if param.name not in hints:
+                raise TypeError(
+                    f"tool {fn.__qualname__}: parameter '{param.name}' needs a type hint"
+                )
+            default = ... if param.default is inspect.Parameter.empty else param.default
+            fields[param.name] = (
+                hints[param.name],
+                Field(default, description=arg_docs.get(param.name)),
+            )
+        self.arguments = create_model(
+            f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
+        )
+        parameters = self.arguments.model_json_schema()
+        parameters.pop("title", None)
+        for prop in parameters.get("properties", {}).values():
+            prop.pop("title", None)
+        parameters["additionalProperties"] = False
+        self.schema: dict[str, Any] = {
+            "type": "function",
+            "function": {"name": name, "description": description, "parameters": parameters},
+        }
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """Split a Google-style docstring into its summary and per-argument descriptions."""
+    summary, _, rest = doc.partition("\nArgs:")
+    arg_docs: dict[str, str] = {}
+    current = None
+    for line in rest.splitlines():
+        match = re.match(r"^\s{2,}(\w+)(?:\s*\(.*?\))?:\s*(.*)$", line)
+        if match and (current is None or len(line) - len(line.lstrip()) <= 8):
+            current = match.group(1)
+            arg_docs[current] = match.group(2).strip()
+        elif line.strip() and current and not re.match(r"^\S", line):
+            arg_docs[current] += " " + line.strip()
+        elif re.match(r"^\S", line):
+            break
+    return " ".join(summary.split()), arg_docs
+
+
+class Environment:
+    """Base class of every environment. One instance runs one episode.
+
+    Class attributes:
+        name: The registry name tasks use in their ``environment`` field.
+        default_hosting: Where it runs unless the config says otherwise: ``"inline"`` in the
+            agent actors (zero hops; light, non-blocking tools) or ``"serve"`` on Ray Serve
+            replicas (CPU-heavy or isolated tools).
+    """
+
+    name: ClassVar[str] = ""
+    default_hosting: ClassVar[Hosting] = "inline"
+    _tool_specs: ClassVar[dict[str, _ToolSpec]]
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._tool_specs = {
+            name: _ToolSpec(name, member)
+            for name, member in inspect.getmembers(cls, inspect.iscoroutinefunction)
+            if getattr(member, "__rayrollout_tool__", False)
+        }
+
+    async def setup(self) -> None:
+        """Create per-episode state (a game board, a database). Default: nothing."""
+
+    async def close(self) -> None:
+        """Release per-episode state; runs after every episode, failed ones included."""
+
+    async def verify(self, episode: Episode) -> Verification:
+        """Score the finished episode."""
+        raise NotImplementedError(f"environment '{self.name}' must define 'async def verify'")
+
+    @classmethod
+    def tool_schemas(cls) -> list[dict[str, Any]]:
+        """The OpenAI Chat Completions function schemas of this environment's tools."""
+        return [spec.schema for spec in cls._tool_specs.values()]
+
+    @classmethod
+    def is_stateful(cls) -> bool:
+        """Whether episodes need one instance kept alive between calls (setup/close defined)."""
+        return cls.setup is not Environment.setup or cls.close is not Environment.close
+
+    async def call_tool(self, name: str, arguments: str) -> ToolResult:
+        """Run one tool call from the model; model mistakes come back as error results."""
+        spec = self._tool_specs.get(name)
+        if spec is None:
+            known = ", ".join(sorted(self._tool_specs)) or "none"
+            return ToolResult(
+                content=f"Error: unknown tool '{name}'. Available tools: {known}.", is_error=True
+            )
+        try:
+            raw = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as exc:
+            return ToolResult(
+                content=f"Error: arguments of '{name}' are not valid JSON ({exc.msg} at "
+                f"position {exc.pos}): {arguments[:200]!r}",
+                is_error=True,
+            )
+        except RecursionError:
+            return ToolResult(
+                content=f"Error: arguments of '{name}' are nested too deeply to read: "
+                f"{arguments[:200]!r}",
+                is_error=True,
+            )
+        if not isinstance(raw, dict):
+            return ToolResult(
+                content=f"Error: arguments of '{name}' must be a JSON object, "
+                f"got {arguments[:200]!r}",
+                is_error=True,
+            )
+        try:
+            args = spec.arguments.model_validate(raw)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors()
+            )
+            return ToolResult(
+                content=f"Error: invalid arguments for '{name}': {problems}", is_error=True
+            )
+        try:
+            value = await getattr(self, name)(**dict(args))
+        except ToolError as exc:
+            return ToolResult(content=f"Error: {exc}", is_error=True)
+        if isinstance(value, str):
+            return ToolResult(content=value)
+        return ToolResult(content=json.dumps(value, ensure_ascii=False, default=str))

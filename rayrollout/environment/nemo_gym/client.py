@@ -1,0 +1,432 @@
+"""NeMo Gym's resources-server protocol: remote environments, and the episode in its shapes.
+
+A NeMo Gym resources server is an HTTP service with ``POST /seed_session`` (start an
+episode with the task row; the server sets a session cookie), ``POST /<tool_name>`` (one
+tool call, its JSON arguments as the body, the tool's output as the response), ``POST
+/verify`` (the whole task row plus the episode as a Responses-API ``response``, exactly what
+NeMo Gym's own agents send; answers with ``reward`` and whatever explains it), ``POST
+/close_session`` (0.7.0: ``{resources_session_id, episode_id}``) and ``POST
+/aggregate_metrics`` (run-level figures from the verify answers). This module speaks it in
+both directions:
+
+* ``RemoteSession`` is the third ``EnvSession`` kind (beside inline and Serve): an episode
+  played against a running resources server, so ``--env-url NAME=URL`` needs no change to
+  the episode loop. One ``NemoGymConnections`` per agent shares one connection pool; each
+  episode has its own cookie jar, so the server's per-episode session never leaks between
+  episodes.
+* ``episode_response`` and ``items_to_messages`` convert between rayrollout's chat messages
+  and Responses-API items; ``hosting.py`` uses them to answer the same protocol for
+  rayrollout environments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import time
+import uuid
+from typing import Any
+
+import aiohttp
+
+from rayrollout.data.config import EnvironmentConfig
+from rayrollout.data.convert import chat_tools_to_responses, messages_to_responses_input
+from rayrollout.data.schema import FunctionCall, Message, Task, ToolCall
+from rayrollout.environment import Environment, Episode, ToolResult, Verification
+
+__all__ = [
+    "PROTOCOL_ROUTES",
+    "NemoGymConnections",
+    "NemoGymError",
+    "RemoteEnvironment",
+    "RemoteSession",
+    "episode_response",
+    "items_to_messages",
+    "responses_create_params",
+    "rollout_id",
+    "seed_body",
+]
+
+PROTOCOL_ROUTES = frozenset({"seed_session", "verify", "close_session", "aggregate_metrics"})
+_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+_NOT_DETAILS = frozenset({"reward", "response", "responses_create_params"})
+_BACKOFF_S = 0.25
+_MAX_BACKOFF_S = 4.0
+
+
+class NemoGymError(RuntimeError):
+    """A resources server failed (after retries) or answered outside the protocol."""
+
+
+class RemoteEnvironment(Environment):
+    """Stand-in class for an environment that lives on a NeMo Gym server.
+
+    The episode loop asks the environment class for its tool schemas only when the task
+    carries none; a remote server publishes no schemas (NeMo Gym rows carry them in
+    ``responses_create_params.tools``), so it offers none. All real work is in
+    ``RemoteSession``.
+    """
+
+    name = "nemo_gym_remote"
+
+    async def verify(self, episode: Episode) -> Verification:
+        raise NotImplementedError("a remote environment is verified by its server's /verify")
+
+
+def responses_create_params(task: Task) -> dict[str, Any]:
+    """The task's ``responses_create_params``: the row's own for NeMo Gym rows, else built.
+
+    NeMo Gym verifiers read fields of the original request (``input``, ``tools``, sampling),
+    so a NeMo Gym row's own object is sent back unchanged.
+    """
+    own = task.fields.get("responses_create_params")
+    if isinstance(own, dict):
+        return own
+    params: dict[str, Any] = {"input": messages_to_responses_input(task.prompt)}
+    if task.tools is not None:
+        params["tools"] = chat_tools_to_responses(task.tools)
+    return params
+
+
+def seed_body(task: Task) -> dict[str, Any]:
+    """The body of ``/seed_session``: the task row as NeMo Gym agents send it."""
+    body = {k: v for k, v in task.fields.items() if k != "responses_create_params"}
+    return {"responses_create_params": responses_create_params(task), **body}
+
+
+def episode_response(task: Task, messages: list[Message], model: str = "") -> dict[str, Any]:
+    """The episode as a Responses-API ``response`` object, as ``/verify`` expects it.
+
+    ``output`` holds what happened after the prompt, in order: ``function_call`` items for
+    the model's tool calls, ``function_call_output`` items for the tools' answers, and
+    ``message`` items for the model's text.
+    """
+    output: list[dict[str, Any]] = []
+    for i, message in enumerate(messages[len(task.prompt) :]):
+        if message.role == "tool":
+            output.append(
+                {
+                    "type": "function_call_output",
+                    "id": f"fco_{i}",
+                    "call_id": message.tool_call_id or f"call_{i}",
+                    "output": message.content or "",
+                    "status": "completed",
+                }
+            )
+        elif message.role == "assistant":
+            if message.content:
+                output.append(
+                    {
+                        "type": "message",
+                        "id": f"msg_{i}",
+                        "role": "assistant",
+                        "status": "completed",
+                        "content": [
+                            {"type": "output_text", "text": message.content, "annotations": []}
+                        ],
+                    }
+                )
+            for j, call in enumerate(message.tool_calls or []):
+                output.append(
+                    {
+                        "type": "function_call",
+                        "id": f"fc_{i}_{j}",
+                        "call_id": call.id,
+                        "name": call.function.name,
+                        "arguments": call.function.arguments,
+                        "status": "completed",
+                    }
+                )
+    tools = chat_tools_to_responses(task.tools or [])
+    return {
+        "id": f"resp_{uuid.uuid4().hex}",
+        "object": "response",
+        "created_at": time.time(),
+        "model": model,
+        "status": "completed",
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": tools,
+    }
+
+
+def _item_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(p.get("text", "")) for p in content if isinstance(p, dict) and "text" in p
+        )
+    return ""
+
+
+def items_to_messages(items: Any) -> list[Message]:
+    """Responses-API items (request ``input`` or response ``output``) as chat messages.
+
+    Consecutive ``function_call`` items become one assistant message with several tool
+    calls, joined to the assistant text just before them; ``developer`` reads as
+    ``system``; items without a chat equivalent (reasoning) are left out.
+    """
+    if isinstance(items, str):
+        return [Message(role="user", content=items)]
+    messages: list[Message] = []
+    for item in items or []:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type") or "message"  # null in Parquet rows whose items differ
+        if kind == "function_call":
+            call = ToolCall(
+                id=str(item.get("call_id") or item.get("id") or f"call_{len(messages)}"),
+                function=FunctionCall(
+                    name=str(item.get("name", "")), arguments=str(item.get("arguments") or "")
+                ),
+            )
+            last = messages[-1] if messages else None
+            if last is not None and last.role == "assistant":
+                last.tool_calls = [*(last.tool_calls or []), call]
+            else:
+                messages.append(Message(role="assistant", tool_calls=[call]))
+        elif kind == "function_call_output":
+            output = item.get("output", "")
+            messages.append(
+                Message(
+                    role="tool",
+                    tool_call_id=str(item.get("call_id", "")),
+                    content=output if isinstance(output, str) else _item_text(output),
+                )
+            )
+        elif kind == "message":
+            role = {"developer": "system"}.get(item.get("role", "user"), item.get("role", "user"))
+            if role in ("system", "user", "assistant"):
+                messages.append(Message(role=role, content=_item_text(item.get("content"))))
+    return messages
+
+
+class NemoGymConnections:
+    """One agent's HTTP connection pool, shared by all its remote episodes.
+
+    Created lazily inside the agent's event loop (aiohttp connectors bind to the loop that
+    first uses them); cookies are never kept here, only in each episode's session.
+    """
+
+    def __init__(self, limit: int = 0) -> None:
+        self.limit = limit
+        self._connector: aiohttp.TCPConnector | None = None
+
+    def connector(self) -> aiohttp.TCPConnector:
+        if self._connector is None or self._connector.closed:
+            self._connector = aiohttp.TCPConnector(limit=self.limit, keepalive_timeout=30)
+        return self._connector
+
+    def session(
+        self, name: str, config: EnvironmentConfig, task: Task, episode_id: str = ""
+    ) -> RemoteSession:
+        """A new episode's session against the server at ``config.url``."""
+        if config.url is None:
+            raise ValueError(f"environment '{name}' has no url: set environments.{name}.url")
+        return RemoteSession(self, name, config, task, episode_id)
+
+    async def close(self) -> None:
+        if self._connector is not None:
+            await self._connector.close()
+
+
+class RemoteSession:
+    """One episode on a NeMo Gym resources server: seed, tool calls, verify, close.
+
+    Transient failures (connection errors, timeouts, 429 and 5xx) are retried with
+    exponential backoff up to ``max_retries`` times, tool calls included: a resources server
+    answering 5xx has, by the protocol's convention, not applied the call. A 4xx answer to
+    a tool call is the model's mistake (unknown tool, arguments the server rejects) and is
+    shown to the model as a tool error; what remains after the retries ends the episode
+    with ``status="error"`` naming the server, the route and its answer.
+    """
+
+    def __init__(
+        self,
+        pool: NemoGymConnections,
+        name: str,
+        config: EnvironmentConfig,
+        task: Task,
+        episode_id: str = "",
+    ) -> None:
+        self.pool = pool
+        self.session_id = rollout_id(episode_id or uuid.uuid4().hex)
+        self.name = name
+        self.config = config
+        self.base_url = (config.url or "").rstrip("/")
+        self.task = task
+        self.tool_names = (
+            None if task.tools is None else {t["function"]["name"] for t in task.tools}
+        )
+        self.http: aiohttp.ClientSession | None = None
+        self.seeded = False
+        self.earlier_failure = ""  # the last request's failed attempt before its answer
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self.http is None:
+            # One cookie jar per episode: the server's session cookie identifies this
+            # episode's state. unsafe=True accepts cookies from IP hosts (127.0.0.1).
+            self.http = aiohttp.ClientSession(
+                connector=self.pool.connector(),
+                connector_owner=False,
+                cookie_jar=aiohttp.CookieJar(unsafe=True),
+                timeout=aiohttp.ClientTimeout(total=self.config.timeout_s),
+            )
+        return self.http
+
+    async def _post(self, route: str, body: Any) -> tuple[int, str]:
+        """POST with retries; returns the last (status, text) unless it never connected."""
+        url = f"{self.base_url}/{route}"
+        client = self._client()
+        attempts = self.config.max_retries + 1
+        problem = ""
+        for attempt in range(attempts):
+            try:
+                async with client.post(url, json=body) as response:
+                    text = await response.text()
+                    if response.status not in _RETRY_STATUSES or attempt == attempts - 1:
+                        # Said with an error: a retried /verify finds its session already
+                        # ended by the attempt that failed, so the first failure is the cause.
+                        self.earlier_failure = problem
+                        return response.status, text
+                    problem = f"HTTP {response.status}: {text[:300]}"
+            except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+                problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                if attempt == attempts - 1:
+                    break
+            delay = min(_MAX_BACKOFF_S, _BACKOFF_S * 2**attempt)
+            await asyncio.sleep(delay * (0.5 + random.random() / 2))
+        raise NemoGymError(
+            f"NeMo Gym server '{self.name}' at {self.base_url} did not answer POST /{route} "
+            f"after {attempts} attempt(s) ({problem}); check that it is running and reachable "
+            f"(environments.{self.name}.url)"
+        )
+
+    def _fail(self, route: str, status: int, text: str) -> NemoGymError:
+        earlier = self.earlier_failure and f" (after a failed attempt: {self.earlier_failure})"
+        return NemoGymError(
+            f"NeMo Gym server '{self.name}' at {self.base_url} answered HTTP {status} to "
+            f"POST /{route}: {text[:500]}{earlier}"
+        )
+
+    async def setup(self) -> None:
+        status, text = await self._post("seed_session", seed_body(self.task))
+        if status == 404:
+            raise NemoGymError(
+                f"NeMo Gym server '{self.name}' at {self.base_url} has no POST /seed_session "
+                "(404): it is not a resources server. NeMo Gym's Gymnasium-style servers "
+                "(/reset and /step, played by its gymnasium_agent) are not supported; check "
+                f"environments.{self.name}.url"
+            )
+        if status >= 400:
+            raise self._fail("seed_session", status, text)
+        self.seeded = True
+
+    async def call_tool(self, name: str, arguments: str) -> ToolResult:
+        if (self.tool_names is not None and name not in self.tool_names) or (
+            not _TOOL_NAME.match(name) or name in PROTOCOL_ROUTES
+        ):
+            known = ", ".join(sorted(self.tool_names or ())) or "none"
+            return ToolResult(
+                content=f"Error: unknown tool '{name}'. Available tools: {known}.", is_error=True
+            )
+        try:
+            args = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as exc:
+            return ToolResult(
+                content=f"Error: arguments of '{name}' are not valid JSON ({exc.msg} at "
+                f"position {exc.pos}): {arguments[:200]!r}",
+                is_error=True,
+            )
+        if not isinstance(args, dict):
+            return ToolResult(
+                content=f"Error: arguments of '{name}' must be a JSON object, "
+                f"got {arguments[:200]!r}",
+                is_error=True,
+            )
+        status, text = await self._post(name, args)
+        if status >= 500:
+            raise self._fail(name, status, text)
+        content = _tool_output(text)
+        if status >= 400:
+            error = content if content.startswith("Error") else f"Error: {content}"
+            return ToolResult(content=error, is_error=True)
+        return ToolResult(content=content)
+
+    async def verify(self, episode: Episode) -> Verification:
+        # The whole task row, as NeMo Gym's own agents send it: verifiers read their own
+        # fields from it (expected_result, id, ...) and 422 without them.
+        body = {**seed_body(self.task), "response": episode_response(self.task, episode.messages)}
+        status, text = await self._post("verify", body)
+        if status >= 400:
+            raise self._fail("verify", status, text)
+        try:
+            answer = json.loads(text)
+            reward = float(answer["reward"])
+        except (ValueError, TypeError, KeyError):
+            raise NemoGymError(
+                f"NeMo Gym server '{self.name}' answered /verify without a numeric 'reward': "
+                f"{text[:300]}"
+            ) from None
+        if not 0.0 <= reward <= 1.0:
+            raise NemoGymError(
+                f"NeMo Gym server '{self.name}' gave reward {reward}, outside [0, 1]; "
+                "rayrollout rewards are in [0, 1]: rescale it in the server's verify"
+            )
+        # A verify answer echoes its request (the episode and request re-serialized by the
+        # server's models); what it adds or changes beside them explains the reward.
+        details = {
+            k: v
+            for k, v in answer.items()
+            if k not in _NOT_DETAILS and (k not in body or body[k] != v)
+        }
+        return Verification(reward=reward, details=details)
+
+    def close_body(self) -> dict[str, Any]:
+        """``/close_session``'s body in 0.7.0's form: the session and the episode it served.
+
+        The server's state is keyed by its cookie (sent with the request) or by this id; a
+        server with nothing to release answers either way.
+        """
+        return {
+            "resources_session_id": self.session_id,
+            "episode_id": {"rollout_id": self.session_id, "attempt": 0},
+        }
+
+    async def close(self) -> None:
+        if self.http is None:
+            return
+        try:
+            if not self.seeded:  # no session was opened, so there is none to close
+                return
+            status, text = await self._post("close_session", self.close_body())
+            # Older resources servers have no /close_session: nothing to release there.
+            if status >= 400 and status not in (404, 405):
+                raise self._fail("close_session", status, text)
+        finally:
+            await self.http.close()
+            self.http = None
+
+
+def rollout_id(episode_id: str) -> str:
+    """An episode id in the form NeMo Gym's ``EpisodeId.rollout_id`` accepts.
+
+    That field allows ``[A-Za-z0-9._-]`` and must start with a letter or digit; rayrollout's
+    ids (``task:sample:hex``) carry the task id, which may hold anything.
+    """
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", episode_id)
+    return safe if safe[:1].isalnum() else f"r{safe}"
+
+
+def _tool_output(text: str) -> str:
+    """A tool response body as the text the model reads: a JSON string unwrapped, else as is."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, str) else text

@@ -1,0 +1,155 @@
+"""``rayrollout env test NAME``: an environment's own verifier cases, then its tool tests.
+
+Each environment folder may hold ``verifier_cases.jsonl``, one case a line (like NeMo Gym's
+``ng_test`` data)::
+
+    {"name": "booked-the-suite", "task": {...a task row...},
+     "messages": [{"role": "assistant", "tool_calls": [...]}, ...],
+     "final_answer": "Booked: B1.", "expected_reward": 1.0}
+
+A case is played inline: ``setup``, then every tool call in ``messages`` runs for real (so
+a stateful environment reaches the state the episode would have; tool messages given in the
+file are replaced by the real outputs), then ``final_answer`` is appended as the last
+assistant message, ``verify`` scores it, and ``close`` runs. A case passes when the reward
+is within ``tolerance`` of ``expected_reward``. The tool tests are the folder's ``tests/``,
+run with pytest in a child process.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rayrollout.data.schema import Message
+from rayrollout.data.tasks import InvalidTaskError, parse_task_row
+from rayrollout.environment import Environment, Episode
+
+__all__ = [
+    "CASES_FILE",
+    "CaseResult",
+    "VerifierCase",
+    "environment_folder",
+    "read_cases",
+    "run_case",
+    "run_tool_tests",
+]
+
+CASES_FILE = "verifier_cases.jsonl"
+
+
+class VerifierCase(BaseModel):
+    """One line of ``verifier_cases.jsonl``: an episode and the reward it must get."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="Names the case in reports; unique within the file.")
+    task: dict[str, Any] = Field(description="A task row, in either format `collect` reads.")
+    messages: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Chat messages after the prompt; their tool calls are run for real.",
+    )
+    final_answer: str | None = Field(
+        default=None, description="Appended as the last assistant message."
+    )
+    expected_reward: float = Field(ge=0.0, le=1.0, description="The reward verify must give.")
+    tolerance: float = Field(default=1e-6, ge=0.0, description="Allowed |reward - expected|.")
+
+
+class CaseResult(BaseModel):
+    """How one case went."""
+
+    name: str
+    line: int
+    expected: float
+    reward: float | None = None
+    details: dict[str, Any] = Field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None
+
+
+def environment_folder(env_cls: type[Environment]) -> Path:
+    """The folder of the module that defines the environment (its cases and tests live there)."""
+    return Path(inspect.getfile(env_cls)).resolve().parent
+
+
+def read_cases(path: Path) -> list[tuple[int, VerifierCase]]:
+    """Parse a cases file; raises ``ValueError`` naming the line and field of a bad case."""
+    cases: list[tuple[int, VerifierCase]] = []
+    for line_no, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            cases.append((line_no, VerifierCase.model_validate(json.loads(raw))))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path.name} line {line_no}: malformed JSON: {exc.msg}") from None
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(map(str, first["loc"]))
+            message = f"{path.name} line {line_no}, field '{field}': {first['msg']}"
+            raise ValueError(message) from None
+    return cases
+
+
+async def run_case(env_cls: type[Environment], case: VerifierCase, line: int = 0) -> CaseResult:
+    """Play one case inline and compare its reward; failures of any kind are in ``error``."""
+    result = CaseResult(name=case.name, line=line, expected=case.expected_reward)
+    try:
+        task = parse_task_row(case.task, default_environment=env_cls.name, source=CASES_FILE)
+    except InvalidTaskError as exc:
+        result.error = f"bad task row: {exc}"
+        return result
+    env = env_cls(task)
+    messages: list[Message] = list(task.prompt)
+    try:
+        await env.setup()
+        for raw in case.messages:
+            message = Message.model_validate(raw)
+            if message.role == "tool":
+                continue  # replaced by the real outputs below
+            messages.append(message)
+            for call in message.tool_calls or []:
+                output = await env.call_tool(call.function.name, call.function.arguments)
+                messages.append(
+                    Message(
+                        role="tool",
+                        tool_call_id=call.id,
+                        name=call.function.name,
+                        content=output.content,
+                    )
+                )
+        if case.final_answer is not None:
+            messages.append(Message(role="assistant", content=case.final_answer))
+        verification = await env.verify(Episode(task=task, messages=messages))
+        result.reward, result.details = verification.reward, verification.details
+    except Exception as exc:
+        result.error = f"raised {type(exc).__name__}: {exc}"
+        return result
+    finally:
+        try:
+            await env.close()
+        except Exception as exc:
+            result.error = result.error or f"close raised {type(exc).__name__}: {exc}"
+    if abs(verification.reward - case.expected_reward) > case.tolerance:
+        result.error = (
+            f"expected reward {case.expected_reward}, got {verification.reward} "
+            f"(details: {json.dumps(verification.details, default=str)[:300]})"
+        )
+    return result
+
+
+def run_tool_tests(env_cls: type[Environment], extra_args: list[str] | None = None) -> int:
+    """Run the environment folder's ``tests/`` with pytest in a child process; its exit code."""
+    tests = environment_folder(env_cls) / "tests"
+    if not tests.is_dir():
+        return 0
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)]
+    return subprocess.run(command + (extra_args or []), check=False).returncode

@@ -1,0 +1,370 @@
+"""Policy calls over the OpenAI protocol (Chat Completions or the Responses API).
+
+One ``PolicyClient`` per agent actor shares one connection pool across all its episodes.
+Chat Completions and ``/completions`` (token ids) go through ``policy_http`` (aiohttp and
+orjson, the ``openai`` client's retry rules: profiled, its typed layers cost more CPU than
+the HTTP itself); the Responses API goes through the ``openai`` client. Either retries 429,
+5xx, timeouts and connection errors with backoff; an answer that is not a usable completion
+(garbage JSON) is retried here with the same limit. What is left after them becomes
+``PolicyError`` or ``PolicyTimeout``, which the episode records as its status. The API key
+is read from the environment and never appears in errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import openai
+
+from rayrollout.data.config import PolicyConfig
+from rayrollout.data.convert import (
+    chat_tools_to_responses,
+    messages_to_responses_input,
+    responses_output_to_message,
+)
+from rayrollout.data.schema import FunctionCall, Message, SamplingParams, ToolCall, Turn
+from rayrollout.policy.http import (
+    HttpStatusError,
+    HttpTimeout,
+    HttpTransportError,
+    PolicyHttp,
+    backoff_s,
+)
+from rayrollout.policy.tokens import (
+    DeltaRenderer,
+    TemplateError,
+    chat_template_tokenizer,
+    parse_hermes_tool_calls,
+    tool_call_structural_tag,
+)
+
+__all__ = ["PolicyClient", "PolicyError", "PolicyReply", "PolicyTimeout"]
+
+
+class PolicyError(RuntimeError):
+    """The policy server failed (after retries) or answered something unusable."""
+
+
+class PolicyTimeout(PolicyError):
+    """The policy server did not answer in time (after retries)."""
+
+
+@dataclass
+class PolicyReply:
+    message: Message
+    turn: Turn
+
+
+class PolicyClient:
+    """Calls one policy endpoint for many concurrent episodes."""
+
+    def __init__(self, config: PolicyConfig, base_url: str, max_connections: int = 1000) -> None:
+        self.config = config
+        self.base_url = base_url
+        self.max_connections = max_connections
+        self.api_key = os.environ.get(config.api_key_env) or "not-needed"
+        self.http = PolicyHttp(
+            base_url, self.api_key, config.timeout_s, config.max_retries, max_connections
+        )
+        self._openai: openai.AsyncOpenAI | None = None  # the Responses API only
+        self._delta_renderer: DeltaRenderer | None = None
+
+    @property
+    def openai_client(self) -> openai.AsyncOpenAI:
+        if self._openai is None:
+            import httpx2
+
+            # httpx's pool scans every connection on each request: at hundreds of
+            # concurrent episodes it dominated the agent's CPU. aiohttp's does not.
+            limits = httpx2.Limits(
+                max_connections=self.max_connections,
+                max_keepalive_connections=self.max_connections,
+            )
+            self._openai = openai.AsyncOpenAI(
+                base_url=self.base_url,
+                api_key=self.api_key,
+                timeout=self.config.timeout_s,
+                max_retries=self.config.max_retries,
+                http_client=openai.DefaultAioHttpClient(
+                    timeout=self.config.timeout_s, limits=limits
+                ),
+            )
+        return self._openai
+
+    async def close(self) -> None:
+        await self.http.close()
+        if self._openai is not None:
+            await self._openai.close()
+
+    def _brief(self, text: str) -> str:
+        """Server text for an error message, short, with the API key blanked: a server may
+        echo the key it rejected ("Incorrect API key provided: sk-...")."""
+        key = self.api_key
+        if key and key != "not-needed":
+            text = text.replace(key, "[api key]")
+        return _brief(text)
+
+    def _sampling(self, sampling: SamplingParams | None) -> dict[str, Any]:
+        cfg = self.config
+        params = {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_tokens": cfg.max_tokens}
+        if sampling is not None:
+            params.update(sampling.model_dump(exclude_none=True))
+        return {k: v for k, v in params.items() if v is not None}
+
+    async def complete(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]],
+        sampling: SamplingParams | None = None,
+        session_id: str | None = None,
+        history: list[Turn] | None = None,
+        last_turn: bool = False,
+    ) -> PolicyReply:
+        """One model call; returns the assistant message and the turn's record.
+
+        ``history`` (the episode's earlier turns) gives ``prompt_mode: token_ids`` the kept
+        ids; ``last_turn`` switches ``tool_choice: required`` to ``last_turn_tool_choice``.
+        """
+        started = time.time()
+        headers = {"x-session-id": session_id} if session_id else None
+        tool_choice = self.config.tool_choice
+        if tool_choice == "required" and last_turn:
+            tool_choice = self.config.last_turn_tool_choice
+        # An answer that is not JSON, or not shaped like one, is retried like a 5xx (the
+        # openai client retries only transport failures), with the same max_retries limit.
+        for attempt in range(self.config.max_retries + 1):
+            try:
+                message, turn = await self._call(
+                    messages, tools, sampling, headers, history or [], tool_choice
+                )
+                break
+            except _UnusableAnswer as exc:
+                if attempt >= self.config.max_retries:
+                    raise PolicyError(
+                        f"{exc} (after {self.config.max_retries} retries)"
+                    ) from exc.__cause__
+                await asyncio.sleep(backoff_s(attempt))
+        turn.started_at = started
+        turn.seconds = time.time() - started
+        return PolicyReply(message, turn)
+
+    async def _call(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]],
+        sampling: SamplingParams | None,
+        headers: dict[str, str] | None,
+        history: list[Turn],
+        tool_choice: str,
+    ) -> tuple[Message, Turn]:
+        """One request (the openai client's own retries included), errors as policy errors."""
+        try:
+            if self.config.prompt_mode == "token_ids":
+                return await self._token_ids(
+                    messages, tools, sampling, headers, history, tool_choice
+                )
+            if self.config.api == "responses":
+                return await self._responses(messages, tools, sampling, headers, tool_choice)
+            return await self._chat(messages, tools, sampling, headers, tool_choice)
+        except TemplateError as exc:
+            raise PolicyError(str(exc)) from exc
+        except (HttpTimeout, openai.APITimeoutError) as exc:
+            raise PolicyTimeout(
+                f"policy call to {self.base_url} timed out after {self.config.timeout_s}s "
+                f"({self.config.max_retries} retries)"
+            ) from exc
+        except HttpStatusError as exc:
+            raise PolicyError(
+                f"policy server {self.base_url} answered HTTP {exc.status}: "
+                f"{self._brief(exc.message)}"
+            ) from exc
+        except openai.APIStatusError as exc:
+            raise PolicyError(
+                f"policy server {self.base_url} answered HTTP {exc.status_code}: "
+                f"{self._brief(exc.message)}"
+            ) from exc
+        except HttpTransportError as exc:
+            raise PolicyError(
+                f"policy call to {self.base_url} failed after {self.config.max_retries} "
+                f"retries: {self._brief(str(exc))}"
+            ) from exc
+        except openai.APIError as exc:
+            raise PolicyError(
+                f"policy call to {self.base_url} failed: {self._brief(str(exc))}"
+            ) from exc
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # JSON or shape
+            raise _UnusableAnswer(
+                f"policy server {self.base_url} gave an unusable answer: "
+                f"{type(exc).__name__}: {self._brief(str(exc))}"
+            ) from exc
+
+    async def _chat(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]],
+        sampling: SamplingParams | None,
+        headers: dict[str, str] | None,
+        tool_choice: str,
+    ) -> tuple[Message, Turn]:
+        cfg = self.config
+        request: dict[str, Any] = {
+            "model": cfg.model,
+            "messages": [m.to_openai() for m in messages],
+            **self._sampling(sampling),
+        }
+        if tools:
+            request["tools"] = tools
+            request["tool_choice"] = tool_choice
+            if tool_choice == "required":  # one call per turn; several loop on weak models
+                request["parallel_tool_calls"] = False
+        extra_body = dict(cfg.extra_body)
+        if cfg.return_token_ids:
+            request["logprobs"] = True
+            extra_body["return_token_ids"] = True
+        body = await self.http.post("/chat/completions", {**request, **extra_body}, headers)
+        return _chat_reply(body, self.base_url)
+
+    async def _responses(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]],
+        sampling: SamplingParams | None,
+        headers: dict[str, str] | None,
+        tool_choice: str,
+    ) -> tuple[Message, Turn]:
+        cfg = self.config
+        params = self._sampling(sampling)
+        if "max_tokens" in params:
+            params["max_output_tokens"] = params.pop("max_tokens")
+        params.pop("seed", None)
+        request: dict[str, Any] = {
+            "model": cfg.model,
+            "input": messages_to_responses_input(messages),
+            **params,
+        }
+        if tools:
+            request["tools"] = chat_tools_to_responses(tools)
+            request["tool_choice"] = tool_choice
+        response = await self.openai_client.responses.create(
+            **request, extra_body=cfg.extra_body or None, extra_headers=headers
+        )
+        output = [item.model_dump() for item in response.output]
+        message = responses_output_to_message(output)
+        usage = response.usage
+        turn = Turn(
+            finish_reason="tool_calls" if message.tool_calls else "stop",
+            prompt_tokens=usage.input_tokens if usage else 0,
+            completion_tokens=usage.output_tokens if usage else 0,
+        )
+        return message, turn
+
+    async def _token_ids(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]],
+        sampling: SamplingParams | None,
+        headers: dict[str, str] | None,
+        history: list[Turn],
+        tool_choice: str,
+    ) -> tuple[Message, Turn]:
+        """Token-in, token-out: send kept ids + rendered new messages to /v1/completions."""
+        cfg = self.config
+        openai_messages = [m.to_openai() for m in messages]
+        last = history[-1] if history else None
+        if last is not None and last.prompt_token_ids:
+            # Only the messages after the last assistant turn are new (tool results).
+            start = max(i for i, m in enumerate(messages) if m.role == "assistant") + 1
+            delta = await self._renderer.delta(
+                openai_messages[start:], tools, last.completion_token_ids
+            )
+            prompt_ids = last.prompt_token_ids + last.completion_token_ids + delta
+        else:
+            prompt_ids = await self._renderer.prompt(openai_messages, tools)
+        body: dict[str, Any] = {
+            "model": cfg.model,
+            "prompt": prompt_ids,
+            **self._sampling(sampling),
+            **cfg.extra_body,
+            "logprobs": 0,  # the sampled token's own logprob
+            "return_token_ids": True,
+        }
+        body.pop("chat_template_kwargs", None)  # used for rendering, not by /completions
+        if tools and tool_choice == "required":
+            body["response_format"] = tool_call_structural_tag(tools)
+        answer = await self.http.post("/completions", body, headers)
+        choices = answer.get("choices")
+        if not choices:
+            raise _UnusableAnswer(f"policy server {self.base_url} returned no choices")
+        choice = choices[0]
+        text = choice.get("text") or ""
+        if tools and tool_choice != "none":
+            content, calls = parse_hermes_tool_calls(text)
+        else:
+            content, calls = text, []
+        usage = answer.get("usage") or {}
+        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
+        turn = Turn(
+            # What the server says the model saw: a server that changed the ids (a BOS
+            # added, say) shows up as a token mismatch of the episode.
+            prompt_token_ids=choice.get("prompt_token_ids")
+            or answer.get("prompt_token_ids")
+            or prompt_ids,
+            completion_token_ids=choice.get("token_ids") or [],
+            logprobs=list(logprobs),
+            finish_reason="tool_calls" if calls else choice.get("finish_reason"),
+            prompt_tokens=usage.get("prompt_tokens") or len(prompt_ids),
+            completion_tokens=usage.get("completion_tokens") or 0,
+        )
+        return Message(role="assistant", content=content, tool_calls=calls or None), turn
+
+    @property
+    def _renderer(self) -> DeltaRenderer:
+        if self._delta_renderer is None:
+            kwargs = self.config.extra_body.get("chat_template_kwargs")
+            self._delta_renderer = DeltaRenderer(
+                chat_template_tokenizer(self.config.tokenizer or self.config.model), kwargs
+            )
+        return self._delta_renderer
+
+
+class _UnusableAnswer(PolicyError):
+    """The server answered 200 with something that is not a completion (worth a retry)."""
+
+
+def _chat_reply(body: dict[str, Any], base_url: str) -> tuple[Message, Turn]:
+    """The assistant message and turn record of a Chat Completions answer (plain JSON)."""
+    choices = body.get("choices")
+    if not choices:
+        raise _UnusableAnswer(f"policy server {base_url} returned no choices")
+    choice = choices[0]
+    answer = choice["message"]
+    calls = [
+        ToolCall(
+            id=c["id"],
+            function=FunctionCall(
+                name=c["function"]["name"], arguments=c["function"].get("arguments") or ""
+            ),
+        )
+        for c in answer.get("tool_calls") or []
+        if c.get("type", "function") == "function"
+    ]
+    message = Message(role="assistant", content=answer.get("content"), tool_calls=calls or None)
+    logprobs = choice.get("logprobs") or {}
+    usage = body.get("usage") or {}
+    turn = Turn(
+        prompt_token_ids=body.get("prompt_token_ids") or choice.get("prompt_token_ids") or [],
+        completion_token_ids=choice.get("token_ids") or [],
+        logprobs=[t["logprob"] for t in logprobs.get("content") or []],
+        finish_reason=choice.get("finish_reason"),
+        prompt_tokens=usage.get("prompt_tokens") or 0,
+        completion_tokens=usage.get("completion_tokens") or 0,
+    )
+    return message, turn
+
+
+def _brief(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
