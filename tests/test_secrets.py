@@ -19,7 +19,7 @@ import yaml
 from flaky_policy import FlakyPolicy
 from netutil import free_port
 
-from rayrollout import services
+from rayrollout.engine import services
 from rayrollout.data.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
