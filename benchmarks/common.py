@@ -7,15 +7,20 @@ policy server: it plays the scripted policy's strategy with zero (or a fixed) th
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rayrollout import RolloutEngine
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -29,43 +34,17 @@ def free_port() -> int:
 def serve_stub(port: int, latency_s: float) -> None:
     """Run the stub policy until killed (the body of ``python common.py stub PORT LATENCY``)."""
     from aiohttp import web
+    from rayrollout.deployments.scripted.server import chat_completion
     from rayrollout.deployments.scripted.strategy import next_action
 
-    counter = 0
+    ids = itertools.count()
 
     async def chat(request: web.Request) -> web.Response:
-        nonlocal counter
         body = await request.json()
         if latency_s:
             await asyncio.sleep(latency_s)
         action = next_action(body.get("messages") or [], body.get("tools") or [])
-        counter += 1
-        message: dict[str, Any] = {"role": "assistant", "content": action.text}
-        if action.tool:
-            message["tool_calls"] = [
-                {
-                    "id": f"call_{counter}",
-                    "type": "function",
-                    "function": {"name": action.tool, "arguments": action.arguments},
-                }
-            ]
-        return web.json_response(
-            {
-                "id": f"c{counter}",
-                "object": "chat.completion",
-                "created": 0,
-                "model": "stub",
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": message,
-                        "logprobs": None,
-                        "finish_reason": "tool_calls" if action.tool else "stop",
-                    }
-                ],
-                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
-            }
-        )
+        return web.json_response(chat_completion(action, next(ids), "stub", 10, 5))
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
@@ -280,3 +259,35 @@ def stop_ray() -> None:
 
     serve.shutdown()
     ray.shutdown()
+
+
+@contextmanager
+def stub_run(latency_s: float = 0.0) -> Iterator[tuple[str, int]]:
+    """The set-up every engine-against-the-stub benchmark shares; yields (base_url, stub pid).
+
+    Keeps stdout for the one JSON object, starts a local Ray and the stub policy, and takes
+    them down again (Serve included) however the run ends.
+    """
+    keep_stdout_for_json()
+    start_ray()
+    try:
+        with stub_policy(latency_s) as started:
+            yield started
+    finally:
+        stop_ray()
+
+
+@contextmanager
+def warm_engine(base_url: str, warm_up: int, **overrides: Any) -> Iterator[RolloutEngine]:
+    """A started ``RolloutEngine`` on the stub that has already run ``warm_up`` episodes.
+
+    The warm-up (worker processes, connections, imports) is not what a benchmark measures.
+    Overrides go to ``engine_config``; its ``namespace`` also names the output folder.
+    """
+    from rayrollout import RolloutEngine
+
+    out = tempfile.mkdtemp(prefix=f"{overrides.get('namespace', 'bench')}-")
+    with RolloutEngine(engine_config(base_url, out, **overrides)) as engine:
+        engine.start()
+        engine.collect(weather_tasks(warm_up, prefix="warm"))
+        yield engine

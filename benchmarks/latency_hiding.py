@@ -18,21 +18,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import (  # noqa: E402
-    emit,
-    engine_config,
-    keep_stdout_for_json,
-    start_ray,
-    stop_ray,
-    stub_policy,
-    timed_collect,
-    weather_tasks,
-)
+from common import emit, stub_run, timed_collect, warm_engine, weather_tasks  # noqa: E402
 from overhead import run_bare  # noqa: E402
 
 TURNS = 2
@@ -45,12 +35,9 @@ def main() -> None:
     parser.add_argument("--waves", type=float, default=2.0, help="episodes = waves x C")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
-    keep_stdout_for_json()
     levels = [int(c) for c in args.concurrency.split(",")]
     if args.smoke:
         levels, args.waves = [32], 1.0
-    from rayrollout import RolloutEngine
-
     results: dict[str, Any] = {
         "benchmark": "latency_hiding",
         "latency_s": args.latency,
@@ -58,32 +45,25 @@ def main() -> None:
         "machine": f"{os.cpu_count()} cores",
         "runs": [],
     }
-    start_ray()
-    try:
-        with stub_policy(latency_s=args.latency) as (url, stub_pid):
-            for c in levels:
-                out = tempfile.mkdtemp(prefix=f"latency-{c}-")
-                config = engine_config(url, out, concurrency=c, namespace=f"latency-{c}")
-                n = max(c, int(args.waves * c))
-                with RolloutEngine(config) as engine:
-                    engine.start()
-                    engine.collect(weather_tasks(min(c, 200), prefix="warm"))
-                    measured = timed_collect(engine, weather_tasks(n), stub_pid)
-                bare = run_bare(url, [stub_pid], n, c)  # overhead.py's loop, same C
-                ideal = c / (TURNS * args.latency)
-                results["runs"].append(
-                    {
-                        "concurrency": c,
-                        "episodes": n,
-                        **measured,
-                        "ideal_episodes_per_s": ideal,
-                        "efficiency": measured["episodes_per_s"] / ideal,
-                        "bare_loop": {**bare, "efficiency": bare["episodes_per_s"] / ideal},
-                        "ratio_to_bare": measured["episodes_per_s"] / bare["episodes_per_s"],
-                    }
-                )
-    finally:
-        stop_ray()
+    with stub_run(latency_s=args.latency) as (url, stub_pid):
+        for c in levels:
+            n = max(c, int(args.waves * c))
+            warm_up = min(c, 200)
+            with warm_engine(url, warm_up, concurrency=c, namespace=f"latency-{c}") as engine:
+                measured = timed_collect(engine, weather_tasks(n), stub_pid)
+            bare = run_bare(url, [stub_pid], n, c)  # overhead.py's loop, same C
+            ideal = c / (TURNS * args.latency)
+            results["runs"].append(
+                {
+                    "concurrency": c,
+                    "episodes": n,
+                    **measured,
+                    "ideal_episodes_per_s": ideal,
+                    "efficiency": measured["episodes_per_s"] / ideal,
+                    "bare_loop": {**bare, "efficiency": bare["episodes_per_s"] / ideal},
+                    "ratio_to_bare": measured["episodes_per_s"] / bare["episodes_per_s"],
+                }
+            )
     emit(results)
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -21,15 +20,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import (  # noqa: E402
-    emit,
-    engine_config,
-    keep_stdout_for_json,
-    start_ray,
-    stop_ray,
-    stub_policy,
-    weather_tasks,
-)
+from common import emit, stub_run, warm_engine, weather_tasks  # noqa: E402
 
 
 def rss_mb(pid: int) -> float:
@@ -60,40 +51,28 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=100_000)
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
-    keep_stdout_for_json()
     if args.smoke:
         args.episodes = 500
-    from rayrollout import RolloutEngine
-
-    start_ray()
     samples: dict[str, list[float]] = {}
-    try:
-        with stub_policy() as (url, _stub_pid):
-            out = tempfile.mkdtemp(prefix="memory-")
-            config = engine_config(url, out, namespace="memory")
-            with RolloutEngine(config) as engine:
-                engine.start()
-                engine.collect(weather_tasks(500, prefix="warm"))
-                pids = {"driver": os.getpid(), **actor_pids("memory")}
-                done = threading.Event()
+    with stub_run() as (url, _stub_pid), warm_engine(url, 500, namespace="memory") as engine:
+        pids = {"driver": os.getpid(), **actor_pids("memory")}
+        done = threading.Event()
 
-                def sample() -> None:
-                    while not done.is_set():
-                        for name, pid in pids.items():
-                            samples.setdefault(name, []).append(rss_mb(pid))
-                        done.wait(1.0)
-
-                sampler = threading.Thread(target=sample, daemon=True)
-                sampler.start()
-                started = time.perf_counter()
-                result = engine.collect(task_stream(args.episodes))
-                seconds = time.perf_counter() - started
-                done.set()
-                sampler.join()
+        def sample() -> None:
+            while not done.is_set():
                 for name, pid in pids.items():
-                    samples[name].append(rss_mb(pid))
-    finally:
-        stop_ray()
+                    samples.setdefault(name, []).append(rss_mb(pid))
+                done.wait(1.0)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        started = time.perf_counter()
+        result = engine.collect(task_stream(args.episodes))
+        seconds = time.perf_counter() - started
+        done.set()
+        sampler.join()
+        for name, pid in pids.items():
+            samples[name].append(rss_mb(pid))
     report: dict[str, Any] = {
         "benchmark": "memory",
         "episodes": args.episodes,

@@ -18,10 +18,10 @@ from typing import Any
 from aiohttp import web
 from rayrollout.environments.weather.env import WeatherEnv
 
+from rayrollout.data.responses import items_to_messages
 from rayrollout.data.schema import Task
 from rayrollout.data.tasks import parse_task_row
 from rayrollout.environment import Episode
-from rayrollout.environment.nemo_gym.client import items_to_messages
 
 COOKIE = "session"
 

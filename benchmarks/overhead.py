@@ -35,14 +35,20 @@ from common import (  # noqa: E402
     emit,
     keep_stdout_for_json,
     nemo_gym_weather,
+    start_ray,
+    stop_ray,
     stub_policy,
     tree_cpu_seconds,
 )
 
 PROMPT = "What's the weather like in City {i}?"
-# The weather environment's config in modes that are more than a hosting name.
+# Modes that are more than a hosting name: (the config entry, which the tasks name; its
+# settings). A class other than the registered one needs a name of its own.
 HOSTING_CONFIGS = {
-    "serve-stateful": {"path": "stateful_weather:StatefulWeather", "hosting": "serve"},
+    "serve-stateful": (
+        "weather_stateful",
+        {"path": "stateful_weather:StatefulWeather", "hosting": "serve"},
+    ),
 }
 
 
@@ -65,6 +71,18 @@ async def bare_loop(
     semaphore = asyncio.Semaphore(concurrency)
     url = f"{base_url}/chat/completions"
 
+    async def ask_policy(
+        session: aiohttp.ClientSession, messages: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """One model call of either kind of episode; its message joins ``messages``."""
+        async with session.post(
+            url, json={"model": "stub", "messages": messages, "tools": tools}
+        ) as response:
+            body = await response.json()
+        message = body["choices"][0]["message"]
+        messages.append(message)
+        return message
+
     async def remote_episode(session: aiohttp.ClientSession, i: int) -> float:
         async with semaphore:
             prompt = {"role": "user", "content": PROMPT.format(i=i)}
@@ -76,12 +94,7 @@ async def bare_loop(
             messages: list[dict[str, Any]] = [prompt]
             output: list[dict[str, Any]] = []
             for _ in range(3):
-                async with session.post(
-                    url, json={"model": "stub", "messages": messages, "tools": tools}
-                ) as response:
-                    body = await response.json()
-                message = body["choices"][0]["message"]
-                messages.append(message)
+                message = await ask_policy(session, messages)
                 if not message.get("tool_calls"):
                     output.append(
                         {
@@ -128,12 +141,7 @@ async def bare_loop(
             )
             env = WeatherEnv(task)
             for _ in range(3):
-                async with session.post(
-                    url, json={"model": "stub", "messages": messages, "tools": tools}
-                ) as response:
-                    body = await response.json()
-                message = body["choices"][0]["message"]
-                messages.append(message)
+                message = await ask_policy(session, messages)
                 if not message.get("tool_calls"):
                     break
                 for call in message["tool_calls"]:
@@ -202,21 +210,21 @@ def run_engine(
     from rayrollout import RolloutEngine
 
     out = tempfile.mkdtemp(prefix=f"overhead-{hosting}-")
+    if hosting == "remote":
+        env_name, settings = "weather", {"url": env_url}
+    else:
+        env_name, settings = HOSTING_CONFIGS.get(hosting, ("weather", {"hosting": hosting}))
     config = {
         "namespace": f"overhead-{hosting}",
         "policy": {"kind": "openai", "base_url": base_url, "model": "stub", "max_retries": 0},
-        "environments": {
-            "weather": {"url": env_url}
-            if hosting == "remote"
-            else HOSTING_CONFIGS.get(hosting, {"hosting": hosting})
-        },
+        "environments": {env_name: settings},
         "agents": {"num_agents": num_agents},
         "concurrency": concurrency,
         "output": {"dir": out, "rows_per_part": 5000},
         "ray": {"num_cpus": 4},
     }
     tasks = [
-        {"task_id": f"w{i}", "prompt": PROMPT.format(i=i), "environment": "weather"}
+        {"task_id": f"w{i}", "prompt": PROMPT.format(i=i), "environment": env_name}
         for i in range(episodes)
     ]
     warm_up = [{**t, "task_id": f"warm-{t['task_id']}"} for t in tasks[: min(200, episodes)]]
@@ -262,13 +270,10 @@ def main() -> None:
     keep_stdout_for_json()
     if args.smoke:
         args.episodes, args.concurrency = 100, 32
-    import ray
-
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # Ray's workers import the serve-stateful environment from this folder.
     here = os.path.dirname(os.path.abspath(__file__))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    start_ray()
     results: dict[str, Any] = {
         "benchmark": "overhead",
         "episodes": args.episodes,
@@ -292,10 +297,7 @@ def main() -> None:
                 engine["ratio_to_bare"] = engine["episodes_per_s"] / bare["episodes_per_s"]
                 results[f"engine_{mode}"] = engine
     finally:
-        from ray import serve
-
-        serve.shutdown()
-        ray.shutdown()
+        stop_ray()
     emit(results)
 
 

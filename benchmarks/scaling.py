@@ -12,21 +12,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import (  # noqa: E402
-    emit,
-    engine_config,
-    keep_stdout_for_json,
-    start_ray,
-    stop_ray,
-    stub_policy,
-    timed_collect,
-    weather_tasks,
-)
+from common import emit, stub_run, timed_collect, warm_engine, weather_tasks  # noqa: E402
 
 
 def main() -> None:
@@ -36,12 +26,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
-    keep_stdout_for_json()
     counts = [int(a) for a in args.agents.split(",")]
     if args.smoke:
         counts, args.episodes, args.concurrency = [1, 2], 100, 32
-    from rayrollout import RolloutEngine
-
     results: dict[str, Any] = {
         "benchmark": "scaling",
         "episodes": args.episodes,
@@ -49,25 +36,17 @@ def main() -> None:
         "machine": f"{os.cpu_count()} cores",
         "runs": [],
     }
-    start_ray()
-    try:
-        with stub_policy() as (url, stub_pid):
-            for agents in counts:
-                out = tempfile.mkdtemp(prefix=f"scaling-{agents}-")
-                config = engine_config(
-                    url,
-                    out,
-                    concurrency=args.concurrency,
-                    namespace=f"scaling-{agents}",
-                    agents={"num_agents": agents},
-                )
-                with RolloutEngine(config) as engine:
-                    engine.start()
-                    engine.collect(weather_tasks(200, prefix="warm"))
-                    measured = timed_collect(engine, weather_tasks(args.episodes), stub_pid)
-                results["runs"].append({"agents": agents, **measured})
-    finally:
-        stop_ray()
+    with stub_run() as (url, stub_pid):
+        for agents in counts:
+            with warm_engine(
+                url,
+                200,
+                concurrency=args.concurrency,
+                namespace=f"scaling-{agents}",
+                agents={"num_agents": agents},
+            ) as engine:
+                measured = timed_collect(engine, weather_tasks(args.episodes), stub_pid)
+            results["runs"].append({"agents": agents, **measured})
     emit(results)
 
 

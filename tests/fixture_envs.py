@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import ClassVar
 
+from rayrollout.data.schema import Task
 from rayrollout.environment import Environment, Episode, Verification, tool
 
 
@@ -99,3 +100,29 @@ class SleepyEnv(EchoEnv):
     async def verify(self, episode: Episode) -> Verification:
         await asyncio.sleep(float(episode.task.fields.get("sleep_s", 0.0)))
         return await super().verify(episode)
+
+
+class GreeterEnv(Environment):
+    """Built with a keyword argument (the config's ``environments.NAME.args``): its tool and
+    verifier show which greeting it got, wherever it was built (an answer that opens with
+    the greeting scores 1). Its class ``name`` differs
+    from the names tests register it under, which is what they decide by."""
+
+    name = "greeter"
+
+    def __init__(self, task: Task, *, greeting: str = "hello") -> None:
+        super().__init__(task)
+        self.greeting = greeting
+
+    @tool
+    async def greet(self, who: str) -> str:
+        """Greet someone.
+
+        Args:
+            who: Whom to greet.
+        """
+        return f"{self.greeting}, {who}"
+
+    async def verify(self, episode: Episode) -> Verification:
+        reward = 1.0 if episode.final_answer().startswith(self.greeting) else 0.0
+        return Verification(reward=reward, details={"greeting": self.greeting})

@@ -15,11 +15,11 @@ import json
 import random
 import re
 import threading
-import time
 from collections import Counter
 from typing import Any
 
 from aiohttp import web
+from rayrollout.deployments.scripted.server import chat_completion
 from rayrollout.deployments.scripted.strategy import next_action
 
 FAULTS = ("500", "503", "429", "hang", "garbage")
@@ -106,28 +106,5 @@ class FlakyPolicy:
                 headers={"retry-after-ms": "20"},
             )
         action = next_action(messages, body.get("tools") or [])
-        n = next(self._ids)
-        message: dict[str, Any] = {"role": "assistant", "content": action.text}
-        if action.tool:
-            message["tool_calls"] = [
-                {
-                    "id": f"call_{n}",
-                    "type": "function",
-                    "function": {"name": action.tool, "arguments": action.arguments},
-                }
-            ]
-        answer = {
-            "id": f"chatcmpl-{n}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.get("model", "flaky"),
-            "choices": [
-                {
-                    "index": 0,
-                    "message": message,
-                    "finish_reason": "tool_calls" if action.tool else "stop",
-                }
-            ],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-        }
+        answer = chat_completion(action, next(self._ids), body.get("model", "flaky"), 1, 1)
         return web.Response(text=json.dumps(answer), content_type="application/json")

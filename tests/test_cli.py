@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -38,20 +39,18 @@ def invoke(*args):
     return result.exit_code, result.output
 
 
-def test_nemo_gym_rows_run_through_collect_with_full_reward(tmp_path, serve_session):
+def collect(tmp_path, port, tasks, *flags):
+    """``rayrollout collect TASKS --out tmp_path/out FLAGS`` on the session's Serve (a run
+    config naming its port); returns the exit code, the output and the output folder."""
     out = tmp_path / "out"
-    code, output = invoke(
-        "collect",
-        NEMO_GYM_TASKS,
-        "--env",
-        "weather",
-        "--policy",
-        "scripted",
-        "--out",
-        out,
-        "--config",
-        write_config(tmp_path, serve_session),
-    )
+    config = write_config(tmp_path, port)
+    code, output = invoke("collect", tasks, "--out", out, *flags, "--config", config)
+    return code, output, out
+
+
+def test_nemo_gym_rows_run_through_collect_with_full_reward(tmp_path, serve_session):
+    flags = ("--env", "weather", "--policy", "scripted")
+    code, output, out = collect(tmp_path, serve_session, NEMO_GYM_TASKS, *flags)
     assert code == 0, output
     frame = pd.read_parquet(out)
     assert len(frame) == sum(1 for line in NEMO_GYM_TASKS.read_text().splitlines() if line.strip())
@@ -97,16 +96,7 @@ def test_skip_invalid_runs_the_good_rows_and_keeps_the_rejects(tmp_path, serve_s
         )
         + "\n"
     )
-    out = tmp_path / "out"
-    code, output = invoke(
-        "collect",
-        tasks,
-        "--out",
-        out,
-        "--skip-invalid",
-        "--config",
-        write_config(tmp_path, serve_session),
-    )
+    code, output, out = collect(tmp_path, serve_session, tasks, "--skip-invalid")
     assert code == 0, output
     assert sorted(pd.read_parquet(out)["task_id"]) == ["a", "c"]
     rejects = [json.loads(line) for line in (out / "_rejects.jsonl").read_text().splitlines()]
@@ -221,21 +211,9 @@ def test_external_endpoint_with_jsonl_output_never_records_the_key(
             for i in range(4)
         )
     )
-    out = tmp_path / "out"
-    code, output = invoke(
-        "collect",
-        tasks,
-        "--out",
-        out,
-        "--format",
-        "jsonl",
-        "--model",
-        "ext-model",
-        "--base-url",
-        f"http://127.0.0.1:{serve_session}/external/v1",
-        "--config",
-        write_config(tmp_path, serve_session),
-    )
+    base_url = f"http://127.0.0.1:{serve_session}/external/v1"
+    flags = ("--format", "jsonl", "--model", "ext-model", "--base-url", base_url)
+    code, output, out = collect(tmp_path, serve_session, tasks, *flags)
     serve.delete("external-policy")
     assert code == 0, output
     text = "".join(p.read_text() for p in out.glob("part-*.jsonl"))
@@ -246,31 +224,17 @@ def test_external_endpoint_with_jsonl_output_never_records_the_key(
 
 
 def test_show_prints_one_episode_as_a_conversation(tmp_path):
-    from rayrollout.data.schema import FunctionCall, Message, ToolCall, Trajectory
+    from trajectories import one_tool_episode
+
     from rayrollout.data.writer import PartWriter, make_sink
 
-    trajectory = Trajectory(
-        task_id="math-7",
+    question, arguments, answer = "What is 6 * 7?", '{"expression": "6 * 7"}', "\\\\boxed{42}."
+    trajectory = one_tool_episode(
+        "math-7",
+        "math",
+        (question, "calculator", arguments, "42", f"The answer is {answer}"),
         sample_index=1,
-        group_id="math-7",
-        environment="math",
         reward=1.0,
-        messages=[
-            Message(role="user", content="What is 6 * 7?"),
-            Message(
-                role="assistant",
-                tool_calls=[
-                    ToolCall(
-                        id="call_1",
-                        function=FunctionCall(
-                            name="calculator", arguments='{"expression": "6 * 7"}'
-                        ),
-                    )
-                ],
-            ),
-            Message(role="tool", tool_call_id="call_1", name="calculator", content="42"),
-            Message(role="assistant", content="The answer is \\\\boxed{42}."),
-        ],
         verification={"gold": "42", "predicted": "42"},
     )
     sink = make_sink(tmp_path, "parquet", "r")
@@ -293,3 +257,86 @@ def test_show_prints_one_episode_as_a_conversation(tmp_path):
         assert text in output
     code, output = invoke("show", tmp_path, "--task-id", "nope")
     assert code == 1 and "no trajectory of task 'nope'" in output
+
+
+def one_error_line(output):
+    """The one ``error:`` line a refused command prints (never a traceback)."""
+    lines = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in output, output
+    return lines[0]
+
+
+def echo_tasks_file(tmp_path, n=2):
+    tasks = tmp_path / "tasks.jsonl"
+    rows = ({"task_id": f"t{i}", "prompt": f"say {i}", "environment": "echo"} for i in range(n))
+    tasks.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return tasks
+
+
+def test_a_missing_tasks_file_is_one_error_line_and_exit_2(tmp_path):
+    code, output = invoke("collect", tmp_path / "nope.jsonl", "--out", tmp_path / "out")
+    assert code == 2
+    assert "tasks file not found" in one_error_line(output)
+
+
+def test_an_engine_already_running_in_the_namespace_is_one_error_line_and_exit_1(
+    tmp_path, serve_session
+):
+    from rayrollout import RolloutEngine
+
+    namespace = f"cli-{tmp_path.name}"  # the namespace write_config gives the command
+    config = {"namespace": namespace, "ray": {"serve_port": serve_session}}
+    with RolloutEngine({**config, "output": {"dir": str(tmp_path / "first")}}) as first:
+        first.start()
+        code, output, out = collect(tmp_path, serve_session, echo_tasks_file(tmp_path))
+    assert code == 1
+    line = one_error_line(output)
+    assert f"an engine is already running in Ray namespace '{namespace}'" in line
+    assert f"rayrollout down --namespace {namespace}" in line
+    assert not out.exists()
+
+
+def test_an_output_folder_that_cannot_be_made_is_one_error_line_and_exit_1(tmp_path, serve_session):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    tasks, config = echo_tasks_file(tmp_path), write_config(tmp_path, serve_session)
+    code, output = invoke("collect", tasks, "--out", blocker / "out", "--config", config)
+    assert code == 1
+    assert f"cannot create output folder {blocker / 'out'}" in one_error_line(output)
+
+
+def test_python_collect_checks_every_row_of_a_file_before_starting_anything(tmp_path):
+    from rayrollout import RolloutEngine
+    from rayrollout.api.collect import InvalidTasksError
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"prompt": "ok", "environment": "weather"}\n{"prompt": 7}\n')
+    engine = RolloutEngine({"output": {"dir": str(tmp_path / "out")}})
+    with pytest.raises(InvalidTasksError, match="1 invalid row") as caught:
+        engine.collect(tasks)
+    assert "tasks.jsonl line 2, field 'prompt'" in str(caught.value)
+    assert isinstance(caught.value, ValueError)
+    assert engine.engine is None and not (tmp_path / "out").exists()
+
+
+def test_skip_invalid_and_limit_come_from_one_read_of_the_file(tmp_path, monkeypatch):
+    from rayrollout.api.collect import plan_collect
+    from rayrollout.data.config import RunConfig
+    from rayrollout.data.tasks import iter_task_rows, read_tasks
+
+    reads = []  # every pass over the file goes through iter_task_rows
+    monkeypatch.setitem(
+        read_tasks.__globals__, "iter_task_rows", lambda p: reads.append(p) or iter_task_rows(p)
+    )
+    tasks = tmp_path / "tasks.jsonl"
+    rows = [{"task_id": name, "prompt": "hi", "environment": "weather"} for name in "abc"]
+    lines = [json.dumps(rows[0]), "not json", json.dumps(rows[1]), json.dumps(rows[2])]
+    tasks.write_text("\n".join(lines) + "\n")
+    config = RunConfig.model_validate({"skip_invalid": True, "limit": 2, "num_repeats": 3})
+    plan = plan_collect(tasks, config)
+    assert len(reads) == 1
+    assert [task.task_id for task in plan.tasks] == ["a", "b"]
+    assert [(exc.line, raw) for exc, raw in plan.rejects] == [(2, "not json")]
+    assert plan.episodes == 6
+    plan.written = {("a", 0), ("b", 2)}  # what --resume finds already written
+    assert plan.episodes == 4

@@ -76,3 +76,19 @@ def test_env_test_also_runs_the_environments_tool_tests():
     code, output = invoke("env", "test", "booking", "-k", "state_changes or unclear")
     assert code == 0, output
     assert "6 verifier case(s) passed" in output
+
+
+def test_env_test_builds_the_environment_with_its_config_args(tmp_path):
+    # GreeterEnv scores 1 only for an answer opening with its greeting (an arg, default hello).
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "environments:\n  ahoy:\n    path: fixture_envs:GreeterEnv\n    args: {greeting: ahoy}\n"
+    )
+    cases = tmp_path / "cases.jsonl"
+    case = {"task": {"prompt": "hi"}, "final_answer": "ahoy, bob", "expected_reward": 1}
+    cases.write_text(json.dumps({"name": "greets", **case}) + "\n")
+    code, output = invoke("env", "test", "ahoy", "--config", config, "--cases", cases)
+    assert code == 0, output
+    assert "1 verifier case(s) passed" in output
+    code, output = invoke("env", "test", "fixture_envs:GreeterEnv", "--cases", cases)
+    assert code == 1 and "expected reward 1.0, got 0.0" in output  # without args: hello

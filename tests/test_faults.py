@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import signal
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -23,7 +25,7 @@ from rayrollout.data.schema import Message
 from rayrollout.data.tasks import parse_task_row
 from rayrollout.engine.agent import AgentRunner
 from rayrollout.engine.episode import EpisodeSpec
-from rayrollout.environment.hosting import EnvironmentLost, InlineSession
+from rayrollout.environment.sessions import EnvironmentLost, InlineSession
 from rayrollout.policy.client import PolicyClient, PolicyError
 
 NAMESPACE = "fault-tests"
@@ -43,6 +45,16 @@ def fault_config(tmp_path, port, **overrides: Any) -> RunConfig:
         **overrides,
     }
     return RunConfig.model_validate(data)
+
+
+@contextmanager
+def slow_engine(tmp_path, port) -> Iterator[RolloutEngine]:
+    """A started engine on the scripted policy at 0.15 s a call: slow enough that a process
+    killed a few episodes in dies mid-run."""
+    cfg = fault_config(tmp_path, port, policy={"scripted": {"latency_s": 0.15}})
+    with RolloutEngine(cfg) as engine:
+        engine.start()
+        yield engine
 
 
 def tasks(n: int, environment: str = "echo", prefix: str = "t") -> list[dict[str, Any]]:
@@ -127,15 +139,11 @@ async def test_garbage_json_past_the_retry_limit_says_so():
         assert flaky.requests == 2
 
 
-class LosingSession:
+class LosingSession(InlineSession):
     """An inline session whose 'replica' dies during setup the first ``losses`` times."""
 
     losses = 0
     opened = 0
-
-    def __init__(self, env_cls: Any, task: Any) -> None:
-        self.inner = InlineSession(env_cls, task)
-        self.lost = False
 
     async def setup(self) -> None:
         LosingSession.opened += 1
@@ -143,16 +151,7 @@ class LosingSession:
             LosingSession.losses -= 1
             self.lost = True
             raise EnvironmentLost("environment replica lost during setup (injected)")
-        await self.inner.setup()
-
-    async def call_tool(self, name: str, arguments: str) -> Any:
-        return await self.inner.call_tool(name, arguments)
-
-    async def verify(self, episode: Any) -> Any:
-        return await self.inner.verify(episode)
-
-    async def close(self) -> None:
-        await self.inner.close()
+        await super().setup()
 
 
 @pytest.mark.parametrize(
@@ -225,10 +224,8 @@ def test_policy_failing_a_fifth_of_calls_still_gives_exactly_one_row_per_sample(
 
 def test_agent_killed_mid_run_is_replaced_and_its_episodes_run_again(tmp_path, serve_session):
     n_tasks, repeats = 48, 2
-    cfg = fault_config(tmp_path, serve_session, policy={"scripted": {"latency_s": 0.15}})
     killed: list[int] = []
-    with RolloutEngine(cfg) as engine:
-        engine.start()
+    with slow_engine(tmp_path, serve_session) as engine:
         agent = ray.get_actor("agent:0", namespace=NAMESPACE)
         pid = actor_pid(agent)
         result = engine.collect(
@@ -247,10 +244,8 @@ def test_agent_killed_mid_run_is_replaced_and_its_episodes_run_again(tmp_path, s
 
 def test_environment_replica_killed_mid_run_has_its_episodes_played_again(tmp_path, serve_session):
     n_tasks, repeats = 40, 2
-    cfg = fault_config(tmp_path, serve_session, policy={"scripted": {"latency_s": 0.15}})
     killed: list[int] = []
-    with RolloutEngine(cfg) as engine:
-        engine.start()
+    with slow_engine(tmp_path, serve_session) as engine:
         warmup = engine.collect(tasks(1, "counter", prefix="warm"))  # deploys the replicas
         assert [t.status for t in warmup.trajectories()] == ["ok"]
         replicas = [

@@ -18,8 +18,8 @@ from rayrollout.data.config import EnvironmentConfig
 from rayrollout.data.schema import Message
 from rayrollout.data.tasks import parse_task_row
 from rayrollout.environment import Episode
-from rayrollout.environment.hosting import environment_app
 from rayrollout.environment.nemo_gym.client import NemoGymConnections, episode_response
+from rayrollout.environment.server import environment_app
 
 WEATHER_ROWS = Path(__file__).resolve().parents[1] / "environments/weather/tasks_nemo_gym.jsonl"
 ROW = {
@@ -232,3 +232,29 @@ def test_a_session_left_open_by_its_client_is_released_after_the_idle_timeout(se
         assert client.post(f"{url}/list_bookings", json={}).json() == []
     finally:
         serve.delete("http-booking-idle")
+
+
+def test_a_served_environment_is_built_with_its_config_args_under_its_registered_name(
+    serve_session,
+):
+    from rayrollout.data.schema import Task
+    from rayrollout.environment.registry import environment_spec
+
+    # GreeterEnv's class name is "greeter"; the spec's name is the one the app answers with.
+    settings = EnvironmentConfig(path="fixture_envs:GreeterEnv", args={"greeting": "ahoy"})
+    app = environment_app(environment_spec("ahoy-greeter", settings))
+    serve.run(app, name="http-ahoy", route_prefix="/http-ahoy")
+    url = f"http://127.0.0.1:{serve_session}/http-ahoy"
+    try:
+        handle = serve.get_app_handle("http-ahoy")
+        task = Task(
+            task_id="t", environment="ahoy-greeter", prompt=[Message(role="user", content="hi")]
+        )
+        result = handle.call_tool.remote(None, task, "greet", '{"who": "bob"}').result()
+        assert result.content == "ahoy, bob"
+        assert requests.get(f"{url}/").json()["environment"] == "ahoy-greeter"
+        client = requests.Session()
+        assert client.post(f"{url}/seed_session", json={"prompt": "hi"}).ok
+        assert client.post(f"{url}/greet", json={"who": "ann"}).text == "ahoy, ann"
+    finally:
+        serve.delete("http-ahoy")

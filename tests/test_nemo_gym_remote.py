@@ -114,17 +114,17 @@ class ResourcesServer:
 runner = CliRunner()
 
 
-def collect(tmp_path, port, *args, environments=None):
+def collect(tmp_path, port, tasks, *args, environments=None):
+    """``rayrollout collect TASKS ARGS`` in-process; rows naming no environment go to the
+    ``gym_weather`` server. Returns the output rows."""
     config = tmp_path / "run.yaml"
     data = {"namespace": f"gym-{tmp_path.name}", "ray": {"serve_port": port}}
     if environments:
         data["environments"] = environments
     config.write_text(yaml.safe_dump(data))
     out = tmp_path / "out"
-    result = runner.invoke(
-        cli_app,
-        ["collect", *map(str, args), "--out", str(out), "--config", str(config)],
-    )
+    command = ["collect", str(tasks), "--env", "gym_weather", *map(str, args)]
+    result = runner.invoke(cli_app, [*command, "--out", str(out), "--config", str(config)])
     assert result.exit_code == 0, result.output
     return pd.read_parquet(out)
 
@@ -140,8 +140,6 @@ def test_collect_with_env_url_plays_every_episode_on_the_remote_server(tmp_path,
             tmp_path,
             serve_session,
             tasks,
-            "--env",
-            "gym_weather",
             "--env-url",
             f"gym_weather={server.url}",
             "-n",
@@ -247,8 +245,8 @@ async def test_model_mistakes_come_back_as_tool_errors_without_a_request():
 
 
 def test_responses_items_read_back_as_the_same_chat_messages():
+    from rayrollout.data.responses import episode_response
     from rayrollout.data.schema import FunctionCall, ToolCall
-    from rayrollout.environment.nemo_gym.client import episode_response
 
     messages = [
         *TASK.prompt,
@@ -275,7 +273,7 @@ def test_responses_items_read_back_as_the_same_chat_messages():
 
 
 def test_env_url_flag_needs_a_name_and_an_http_url():
-    from rayrollout.cli.commands import parse_env_urls
+    from rayrollout.cli.collect import parse_env_urls
     from rayrollout.data.config import ConfigError
 
     assert parse_env_urls(["a=http://h:1", "http://h:2"], "b") == {
@@ -294,14 +292,8 @@ def test_a_session_that_fails_to_close_keeps_its_reward_and_is_counted(tmp_path,
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(NEMO_GYM_TASKS.read_text().splitlines()[0] + "\n")
     with ResourcesServer(close_status=500) as server:
-        frame = collect(
-            tmp_path,
-            serve_session,
-            tasks,
-            "--env",
-            "gym_weather",
-            environments={"gym_weather": {"url": server.url, "max_retries": 1}},
-        )
+        environments = {"gym_weather": {"url": server.url, "max_retries": 1}}
+        frame = collect(tmp_path, serve_session, tasks, environments=environments)
     assert frame["status"].tolist() == ["ok"] and frame["reward"].tolist() == [1.0]
     assert "answered HTTP 500 to POST /close_session" in frame["close_error"][0]
     # Each close named its session and episode in 0.7.0's form, the same id in both.

@@ -117,3 +117,47 @@ def test_responses_api_against_ray_serve_llm_is_refused_at_config_time():
         overrides={"policy": {**vllm, "api": "responses", "prompt_mode": "token_ids"}}
     )
     assert config.policy.prompt_mode == "token_ids"
+
+
+async def test_the_policy_client_satisfies_the_policy_protocol_the_episode_loop_declares():
+    from rayrollout.policy.gate import PolicyGate
+    from rayrollout.policy.protocol import Policy
+
+    for gate in (None, PolicyGate()):
+        client = PolicyClient(PolicyConfig(kind="openai", model="m"), "http://h/v1", gate=gate)
+        try:
+            assert isinstance(client, Policy)
+        finally:
+            await client.close()
+
+
+def test_policy_kinds_are_found_by_name_beside_their_deployments():
+    from rayrollout.policy.kinds import EXTERNAL, policy_kind
+
+    assert policy_kind("openai") is EXTERNAL and EXTERNAL.build_app is None
+    assert policy_kind("scripted").build_app.__module__ == "rayrollout.deployments.scripted.kind"
+    assert policy_kind("vllm").build_app.__module__ == "rayrollout.deployments.vllm.kind"
+
+
+@pytest.fixture
+def fresh_policy_kinds():
+    """The policy-kind caches emptied before and after, so a patched entry point list counts."""
+    from rayrollout.policy import kinds
+
+    for cached in (kinds.policy_kinds, kinds.policy_kind):
+        cached.cache_clear()
+    yield kinds
+    for cached in (kinds.policy_kinds, kinds.policy_kind):
+        cached.cache_clear()
+
+
+def test_a_policy_kind_registered_twice_is_an_error_naming_both(monkeypatch, fresh_policy_kinds):
+    from importlib.metadata import EntryPoint
+
+    kinds = fresh_policy_kinds
+    ours, theirs = "rayrollout.deployments.scripted.kind:SCRIPTED", "other_package.kind:SCRIPTED"
+    twins = [EntryPoint("scripted", target, kinds.ENTRY_POINT_GROUP) for target in (ours, theirs)]
+    monkeypatch.setattr(kinds, "entry_points", lambda group: twins)
+    with pytest.raises(kinds.UnknownPolicyKindError) as raised:
+        kinds.policy_kind("scripted")
+    assert ours in str(raised.value) and theirs in str(raised.value)

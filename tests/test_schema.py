@@ -3,12 +3,11 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from trajectories import one_tool_episode
 
 from rayrollout.data.schema import (
-    FunctionCall,
     Message,
     Task,
-    ToolCall,
     Trajectory,
     Turn,
     stable_task_id,
@@ -18,24 +17,7 @@ from rayrollout.data.schema import (
 
 def make_trajectory(**overrides) -> Trajectory:
     fields = dict(
-        task_id="t1",
         sample_index=2,
-        group_id="t1",
-        environment="weather",
-        messages=[
-            Message(role="user", content="weather in Oslo?"),
-            Message(
-                role="assistant",
-                tool_calls=[
-                    ToolCall(
-                        id="c1",
-                        function=FunctionCall(name="get_weather", arguments='{"city": "Oslo"}'),
-                    )
-                ],
-            ),
-            Message(role="tool", tool_call_id="c1", name="get_weather", content="cold"),
-            Message(role="assistant", content="It is cold."),
-        ],
         turns=[Turn(prompt_token_ids=[1, 2], completion_token_ids=[3], logprobs=[-0.5])],
         reward=1.0,
         verification={"called": ["get_weather"], "nested": {"a": [1, 2]}},
@@ -43,7 +25,8 @@ def make_trajectory(**overrides) -> Trajectory:
         task_fields={"expected_answer": "42"},
     )
     fields.update(overrides)
-    return Trajectory(**fields)
+    exchange = ("weather in Oslo?", "get_weather", '{"city": "Oslo"}', "cold", "It is cold.")
+    return one_tool_episode("t1", "weather", exchange, **fields)
 
 
 def test_parquet_round_trip_keeps_every_field(tmp_path):

@@ -19,8 +19,8 @@ import yaml
 from flaky_policy import FlakyPolicy
 from netutil import free_port
 
-from rayrollout.engine import services
 from rayrollout.data.config import RunConfig
+from rayrollout.engine import services
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "sk-planted-4f9c2e7a1b"

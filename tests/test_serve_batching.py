@@ -9,8 +9,8 @@ import pytest
 
 from rayrollout.data.schema import Message, Task
 from rayrollout.environment import Episode
-from rayrollout.environment.hosting import environment_app
 from rayrollout.environment.serve_batching import BatchingHandle
+from rayrollout.environment.server import environment_app
 
 APP = "batching-tests.env.faulty"
 

@@ -3,10 +3,11 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from trajectories import unplayed
 
+from rayrollout.data.responses import seed_body
 from rayrollout.data.schema import Trajectory, trajectory_arrow_schema
 from rayrollout.data.tasks import UNSUPPORTED, InvalidTaskError, parse_task_row, read_tasks
-from rayrollout.environment.nemo_gym.client import seed_body
 
 NEMO_GYM_ROW = {
     "responses_create_params": {
@@ -285,14 +286,7 @@ def test_a_nemo_gym_row_keeps_every_key_in_fields_and_goes_back_whole():
 def test_task_fields_round_trip_through_parquet(tmp_path):
     row = {**TOOL_HISTORY_ROW, "task_id": 3, "environment": {"db": [1, 2.5, None, True]}}
     task = parse_task_row(row, default_environment="gym")
-    trajectory = Trajectory(
-        task_id=task.task_id,
-        sample_index=0,
-        group_id=task.task_id,
-        environment=task.environment,
-        messages=task.prompt,
-        task_fields=task.fields,
-    )
+    trajectory = unplayed(task)
     table = pa.Table.from_pylist([trajectory.to_row()], schema=trajectory_arrow_schema())
     pq.write_table(table, tmp_path / "out.parquet")
     [back] = pq.read_table(tmp_path / "out.parquet").to_pylist()

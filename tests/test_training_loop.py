@@ -280,9 +280,11 @@ def test_vllm_backend_without_control_endpoints_says_how_to_deploy_them(trainer,
     """The scripted app answers 404 on /pause, like a vLLM app deployed without them."""
     import asyncio
 
-    from rayrollout.engine.weights import WeightUpdateError, _VllmBackend
+    from rayrollout.deployments.vllm.kind import VllmWeights
 
-    backend = _VllmBackend(f"http://127.0.0.1:{serve_session}/training/policy/v1", "m")
+    from rayrollout.engine.weights import WeightUpdateError
+
+    backend = VllmWeights(f"http://127.0.0.1:{serve_session}/training/policy/v1", "m")
     with pytest.raises(WeightUpdateError, match="control_endpoints: true"):
         asyncio.run(backend.pause("wait"))
 

@@ -1,4 +1,7 @@
-"""The scripted policy: a stand-in for the LLM's judgement that speaks the real OpenAI protocol."""
+"""The scripted policy: a stand-in for the LLM's judgement that speaks the real OpenAI protocol.
+
+Its policy kind is ``kind.SCRIPTED``.
+"""
 
 from rayrollout.deployments.scripted.server import ScriptedPolicy, scripted_policy_app
 

@@ -83,6 +83,46 @@ def _usage(prompt: int, completion: int, prompt_key: str, completion_key: str) -
     return {prompt_key: prompt, completion_key: completion, "total_tokens": prompt + completion}
 
 
+def _completion_words(action: Action) -> int:
+    """The reply's usage count: words of the answer or of the tool call's arguments."""
+    return len((action.text or action.arguments).split())
+
+
+def chat_completion(
+    action: Action, n: int, model: str, prompt_tokens: int, completion_tokens: int
+) -> dict[str, Any]:
+    """``action`` as a Chat Completions answer, in the exact shape the ``openai`` client parses.
+
+    The one writer of that shape: the Serve app below, the benchmarks' stub policy and the
+    tests' flaky policy all answer with it, so a change to the protocol is made once.
+    ``n`` numbers the answer and its tool call.
+    """
+    message: dict[str, Any] = {"role": "assistant", "content": action.text}
+    if action.tool:
+        message["tool_calls"] = [
+            {
+                "id": f"call_{n}",
+                "type": "function",
+                "function": {"name": action.tool, "arguments": action.arguments},
+            }
+        ]
+    return {
+        "id": f"chatcmpl-{n}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": "tool_calls" if action.tool else "stop",
+            }
+        ],
+        "usage": _usage(prompt_tokens, completion_tokens, "prompt_tokens", "completion_tokens"),
+    }
+
+
 @serve.deployment(
     ray_actor_options={"num_cpus": 0.1},
     max_ongoing_requests=100_000,
@@ -114,32 +154,10 @@ class ScriptedPolicy:
         messages = body.get("messages") or []
         await self._think(messages)
         action = next_action(messages, body.get("tools") or [])
-        n = next(_ids)
-        message: dict[str, Any] = {"role": "assistant", "content": action.text}
-        if action.tool:
-            message["tool_calls"] = [
-                {
-                    "id": f"call_{n}",
-                    "type": "function",
-                    "function": {"name": action.tool, "arguments": action.arguments},
-                }
-            ]
-        completion = len((action.text or action.arguments).split())
-        return {
-            "id": f"chatcmpl-{n}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.get("model", self.model),
-            "choices": [
-                {
-                    "index": 0,
-                    "message": message,
-                    "logprobs": None,
-                    "finish_reason": "tool_calls" if action.tool else "stop",
-                }
-            ],
-            "usage": _usage(_words(messages), completion, "prompt_tokens", "completion_tokens"),
-        }
+        model = body.get("model", self.model)
+        return chat_completion(
+            action, next(_ids), model, _words(messages), _completion_words(action)
+        )
 
     @app.post("/v1/responses")
     async def responses(self, request: Request) -> dict[str, Any]:
@@ -150,7 +168,7 @@ class ScriptedPolicy:
         action = next_action(messages, tools)
         n = next(_ids)
         output = [_output_item(action, n)]
-        completion = len((action.text or action.arguments).split())
+        completion = _completion_words(action)
         return {
             "id": f"resp_{n}",
             "object": "response",

@@ -21,13 +21,15 @@ from typing import Any
 import ray
 from ray import serve
 
+from rayrollout.api.rollout_engine import EngineExistsError, RolloutEngine
 from rayrollout.data.config import RunConfig
-from rayrollout.engine.actor import ENGINE_NAME, EngineActor
-from rayrollout.engine.placement import cpu_actor_options
-from rayrollout.engine.services import deploy_policy, ensure_ray, policy_app_name
-from rayrollout.environment.hosting import environment_app_name
+from rayrollout.engine.actor import ENGINE_NAME
+from rayrollout.engine.services import policy_app_name
+from rayrollout.environment.server import environment_app_name
+from rayrollout.errors import ClusterError
 
 __all__ = [
+    "EngineExistsError",
     "ServiceNotFoundError",
     "down",
     "lookup_app",
@@ -40,7 +42,7 @@ __all__ = [
 LOOKUP_TIMEOUT_S = 5.0
 
 
-class ServiceNotFoundError(LookupError):
+class ServiceNotFoundError(ClusterError, LookupError):
     """A named service (the engine, a Serve app) is not up in the namespace."""
 
 
@@ -97,7 +99,8 @@ def up(config: RunConfig) -> dict[str, Any]:
     """Deploy the policy, the Serve-hosted environments and a detached engine; return status.
 
     Raises:
-        RuntimeError: an engine already runs in the namespace (``rayrollout down`` first).
+        EngineExistsError: an engine already runs in the namespace (``rayrollout down``
+            first); a ``RuntimeError`` too, as before the exception tree.
     """
     start_detached(config)
     return status(config.namespace)
@@ -106,30 +109,14 @@ def up(config: RunConfig) -> dict[str, Any]:
 def start_detached(config: RunConfig) -> Any:
     """``up`` without the status report: returns the detached engine's handle.
 
+    It is ``RolloutEngine.start(detached=True)``: one way to start an engine, one error.
+
     Raises:
-        RuntimeError: an engine already runs in the namespace (``rayrollout down`` first).
+        EngineExistsError: an engine already runs in the namespace (``rayrollout down``
+            first).
     """
-    ensure_ray(config)
-    try:
-        ray.get_actor(ENGINE_NAME, namespace=config.namespace)
-    except ValueError:
-        pass
-    else:
-        raise RuntimeError(
-            f"an engine is already up in namespace '{config.namespace}': "
-            f"`rayrollout down --namespace {config.namespace}` first, or use another namespace"
-        )
-    policy_url = deploy_policy(config)
-    run_id = time.strftime("up-%Y%m%d-%H%M%S")
-    engine = EngineActor.options(
-        name=ENGINE_NAME,
-        namespace=config.namespace,
-        lifetime="detached",
-        **cpu_actor_options(config, {}),
-    ).remote(config, policy_url, run_id, True)
-    ray.get(engine.start.remote())
-    ray.get(engine.ensure_environments.remote(sorted(config.environments)))
-    return engine
+    driver = RolloutEngine(config).start(run_id=time.strftime("up-%Y%m%d-%H%M%S"), detached=True)
+    return driver.engine
 
 
 def status(namespace: str) -> dict[str, Any]:
@@ -148,14 +135,14 @@ def status(namespace: str) -> dict[str, Any]:
         if actor.class_name.startswith("ServeReplica:"):
             app_name = actor.class_name.split(":")[1]
             if app_name in apps:
-                per_node[app_name][actor.node_id] += 1
+                per_node[app_name][str(actor.node_id)] += 1
         elif actor.class_name == "AgentActor" and actor.ray_namespace == namespace:
-            agents[actor.name] = actor.node_id
+            agents[str(actor.name)] = str(actor.node_id)
     for name, nodes in per_node.items():
         apps[name]["replicas_per_node"] = dict(nodes)
     try:
         engine = ray.get_actor(ENGINE_NAME, namespace=namespace)
-        health = ray.get(engine.progress.remote(), timeout=30)
+        health: Any = ray.get(engine.progress.remote(), timeout=30)
         engine_state: dict[str, Any] = {"up": True, "progress": health}
     except ValueError:
         engine_state = {"up": False}

@@ -2,6 +2,8 @@
 
 It brings up Ray, Serve, the policy and the named engine actor, feeds episodes to the engine
 in batches (waiting when the engine's queue is full), and reports progress while it waits.
+``collect`` reads and checks its tasks through ``api.collect``, the one path the command
+line takes too; ``rayrollout up`` is ``start(detached=True)``.
 """
 
 from __future__ import annotations
@@ -16,21 +18,24 @@ from typing import Any
 
 import ray
 
+from rayrollout.api.collect import CollectPlan, TaskSource, plan_collect
 from rayrollout.data.config import RunConfig
-from rayrollout.data.schema import Task, Trajectory, trajectory_arrow_schema
-from rayrollout.data.writer import written_keys
+from rayrollout.data.run_folder import RunFolder
+from rayrollout.data.schema import Trajectory
 from rayrollout.engine.actor import ENGINE_NAME, EngineActor
 from rayrollout.engine.episode import EpisodeSpec
 from rayrollout.engine.placement import cpu_actor_options
 from rayrollout.engine.services import deploy_policy, ensure_ray
+from rayrollout.errors import ClusterError, RayrolloutError
 
-__all__ = ["CollectResult", "RolloutEngine", "read_trajectories"]
+__all__ = ["CollectResult", "EngineExistsError", "RolloutEngine", "read_trajectories"]
 
 _SUBMIT_BATCH = 256
 ProgressCallback = Callable[[dict[str, Any]], None]
+PlanCallback = Callable[[CollectPlan], None]
 
 
-class EngineExistsError(RuntimeError):
+class EngineExistsError(ClusterError, RuntimeError):
     """Another run's engine holds the name in this namespace."""
 
 
@@ -45,7 +50,7 @@ class CollectResult:
 
     def trajectories(self) -> list[Trajectory]:
         """This collection's trajectories (not other collections' in the same folder)."""
-        return list(read_trajectories(self.parts, self.format))
+        return list(RunFolder(self.out_dir, self.format).trajectories(self.parts))
 
     def groups(self) -> dict[str, list[Trajectory]]:
         """Trajectories grouped by task (GRPO groups), samples in index order."""
@@ -57,7 +62,7 @@ class CollectResult:
         return dict(grouped)
 
     def dataset(self) -> ray.data.Dataset:
-        """The output folder as a Ray Dataset (read lazily, block by block)."""
+        """This collection's parts as a Ray Dataset (read lazily, block by block)."""
         parts = [str(p) for p in self.parts]
         if self.format == "parquet":
             return ray.data.read_parquet(parts)
@@ -65,34 +70,22 @@ class CollectResult:
 
 
 def read_trajectories(
-    source: str | Path | list[Path], fmt: str = "parquet"
+    source: str | Path | list[Path], fmt: str | None = None
 ) -> Iterator[Trajectory]:
-    """Stream trajectories back from an output folder (or a list of its parts), part by part."""
-    import json
+    """Stream trajectories back from an output folder (or a list of its parts), part by part.
 
-    import pyarrow.dataset as ds
+    A folder is read whole: its Parquet and JSONL parts alike (a run resumed with another
+    format leaves both), unless ``fmt`` names one format. Parts written by an older version
+    read under the current schema, a field they lack taking its default.
 
+    Example:
+        >>> from rayrollout import read_trajectories
+        >>> rewards = [t.reward for t in read_trajectories("rollouts/run1")]  # doctest: +SKIP
+    """
     if isinstance(source, list):
-        paths = source
-    else:
-        paths = sorted(Path(source).glob(f"part-*.{'parquet' if fmt == 'parquet' else 'jsonl'}"))
-    if fmt == "parquet":
-        if not paths:
-            return
-        # The current schema, not the first part's: parts written before a field was added
-        # (a turn's policy_version) read with nulls instead of hiding it in newer parts.
-        schema = trajectory_arrow_schema()
-        for batch in ds.dataset(
-            [str(p) for p in paths], format="parquet", schema=schema
-        ).to_batches():
-            for row in batch.to_pylist():
-                yield Trajectory.from_row(row)
-        return
-    for path in paths:
-        with path.open(encoding="utf-8") as file:
-            for line in file:
-                if line.strip():
-                    yield Trajectory.from_row(json.loads(line))
+        return RunFolder(Path(source[0]).parent if source else ".").trajectories(source)
+    folder = RunFolder(source)
+    return folder.trajectories(folder.parts(fmt))
 
 
 class RolloutEngine:
@@ -110,7 +103,12 @@ class RolloutEngine:
     def __init__(self, config: RunConfig | dict[str, Any] | None = None) -> None:
         if not isinstance(config, RunConfig):
             config = RunConfig.model_validate(config or {})
-        self.config = config
+        # Absolute before Ray starts: a driver under `ray job submit` may change directory,
+        # and the engine actor writes from its own working directory.
+        out_dir = str(Path(config.output.dir).absolute())
+        self.config = config.model_copy(
+            update={"output": config.output.model_copy(update={"dir": out_dir})}
+        )
         self.engine: Any = None
         self.attached = False  # True: the engine is `rayrollout up`'s, shutdown leaves it up
         self.policy_url = ""
@@ -121,28 +119,55 @@ class RolloutEngine:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
-    def start(self, run_id: str | None = None) -> RolloutEngine:
-        """Bring up Ray, the policy and the engine actor with its agents."""
+    def start(self, run_id: str | None = None, *, detached: bool = False) -> RolloutEngine:
+        """Bring up Ray, the policy and the engine actor with its agents.
+
+        An engine ``rayrollout up`` left in the namespace is attached to instead (its config
+        decides where output goes), and left up by ``shutdown``.
+
+        Args:
+            run_id: Names this run's part files (default: the time and a random suffix).
+            detached: Start an engine that outlives this driver, with the config's
+                environments deployed now (``rayrollout up``); later drivers attach to it.
+
+        Raises:
+            EngineExistsError: another run's engine holds the namespace (any engine, when
+                ``detached``); nothing was deployed.
+            WriterError: the output folder cannot be created, or another run holds its lock.
+        """
         ensure_ray(self.config)
+        namespace = self.config.namespace
+        existing: Any
         try:
-            existing = ray.get_actor(ENGINE_NAME, namespace=self.config.namespace)
+            existing = ray.get_actor(ENGINE_NAME, namespace=namespace)
         except ValueError:
             existing = None
-        if existing is not None and ray.get(existing.info.remote(), timeout=60)["detached"]:
-            return self._attach(existing)  # started by `rayrollout up`: use it, leave it up
-        self.policy_url = deploy_policy(self.config)
         if existing is not None:
+            if not detached and ray.get(existing.info.remote(), timeout=60)["detached"]:
+                return self._attach(existing)  # started by `rayrollout up`: use it, leave it up
             raise EngineExistsError(
-                f"an engine is already running in namespace '{self.config.namespace}': "
-                "use another --namespace, or stop that run first"
+                f"an engine is already running in Ray namespace '{namespace}': stop it "
+                f"(`rayrollout down --namespace {namespace}`, or end that run), or use "
+                "another --namespace"
             )
+        self.policy_url = deploy_policy(self.config)
         run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
-        self.engine = EngineActor.options(
+        self.engine = EngineActor.options(  # type: ignore[attr-defined]
             name=ENGINE_NAME,
-            namespace=self.config.namespace,
+            namespace=namespace,
+            lifetime="detached" if detached else None,
             **cpu_actor_options(self.config, {}),
-        ).remote(self.config, self.policy_url, run_id)
-        ray.get(self.engine.start.remote())
+        ).remote(self.config, self.policy_url, run_id, detached)
+        self.attached = detached  # shutdown leaves a detached engine up, as an attached one
+        try:
+            ray.get(self.engine.start.remote())
+            if detached:
+                ray.get(self.engine.ensure_environments.remote(sorted(self.config.environments)))
+        except ray.exceptions.RayTaskError as exc:
+            self._discard()  # a half-started engine would hold the namespace's name
+            if isinstance(exc.cause, RayrolloutError):
+                raise exc.cause from None  # the engine's own error, without Ray's wrapping
+            raise
         return self
 
     def _attach(self, engine: Any) -> RolloutEngine:
@@ -214,20 +239,38 @@ class RolloutEngine:
 
     def collect(
         self,
-        tasks: Iterable[Task | dict[str, Any]],
+        tasks: TaskSource | None = None,
         num_repeats: int | None = None,
         on_progress: ProgressCallback | None = None,
+        on_plan: PlanCallback | None = None,
     ) -> CollectResult:
-        """Run every task ``num_repeats`` times; the trajectories land in the output folder."""
-        repeats = num_repeats or self.config.num_repeats
+        """Run every task ``num_repeats`` times; the trajectories land in the output folder.
+
+        What ``rayrollout collect`` runs: a tasks file is read once, and every row of it (or
+        of a list) is checked before anything starts; the config's ``skip_invalid`` (bad
+        rows to the output folder's rejects file), ``limit`` and ``resume`` apply.
+
+        Args:
+            tasks: A tasks file (JSONL or Parquet), a list of rows (``Task`` objects or
+                dicts), or an iterator of rows (streamed: each checked as it is submitted);
+                None: the config's ``tasks`` file.
+            num_repeats: Samples per task (default: the config's).
+            on_progress: Called with the engine's figures every 0.5 s and at the end.
+            on_plan: Called once the engine holds the output folder, before the first
+                episode, with what will run (``CollectPlan``: episodes, rejects, written).
+
+        Raises:
+            InvalidTasksError: bad rows (without ``skip_invalid``); nothing was started.
+            ConfigError: no tasks given, or the tasks file does not exist.
+            EngineExistsError, WriterError: as ``start``.
+        """
+        plan = plan_collect(tasks, self.config, num_repeats)
         if self.engine is None:
             self.start()  # takes the output folder's lock before reading what is in it
-        done = (
-            written_keys(self.config.output.dir, self.config.output.format)
-            if self.config.resume
-            else set()
-        )
-        summary = self.run(expand(tasks, repeats, done, self.config.environment), on_progress)
+        plan.open_output(self.config)
+        if on_plan is not None:
+            on_plan(plan)
+        summary = self.run(plan.specs(), on_progress)
         return CollectResult(Path(self.config.output.dir), self.config.output.format, summary)
 
     def shutdown(self) -> None:
@@ -240,6 +283,10 @@ class RolloutEngine:
             ray.get(self.engine.flush.remote(), timeout=60)
             self.engine = None
             return
+        self._discard()
+
+    def _discard(self) -> None:
+        """Close and kill this driver's engine and its agents."""
         if self.engine is not None:
             try:
                 ray.get(self.engine.close.remote(), timeout=30)
@@ -252,20 +299,3 @@ class RolloutEngine:
                     pass
             ray.kill(self.engine)
             self.engine = None
-
-
-def expand(
-    tasks: Iterable[Task | dict[str, Any]],
-    num_repeats: int,
-    skip: set[tuple[str, int]],
-    default_environment: str | None = None,
-) -> Iterator[EpisodeSpec]:
-    """One spec per (task, sample index), leaving out those in ``skip`` (already written)."""
-    from rayrollout.data.tasks import parse_task_row
-
-    for i, task in enumerate(tasks, start=1):
-        if not isinstance(task, Task):
-            task = parse_task_row(task, default_environment=default_environment, line=i)
-        for sample in range(num_repeats):
-            if (task.task_id, sample) not in skip:
-                yield EpisodeSpec(task, sample)

@@ -1,5 +1,7 @@
-"""The command line (``rayrollout``): a thin typer layer over the API, with the console
-progress and summary (``progress``), ``show``, ``report`` and the demo's tasks (``demo``).
+"""The command line (``rayrollout``): a thin typer layer over the API. The app and its
+one-line errors (``commands``), the commands by job (``collect``, ``cluster_commands``,
+``output_commands``, ``env_commands``, sharing ``common``), the console progress and summary
+(``progress``), ``show``, ``report`` and the demo's tasks (``demo``).
 
 May import: every other part of rayrollout; nothing imports it.
 """

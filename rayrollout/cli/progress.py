@@ -22,9 +22,14 @@ __all__ = ["RunProgress", "summary_table"]
 
 
 class RunProgress:
-    """A progress bar fed with engine snapshots (episodes done, episodes/s, reward, errors)."""
+    """A progress bar fed with engine snapshots (episodes done, episodes/s, reward, errors).
 
-    def __init__(self, console: Console, total: int | None) -> None:
+    Shown from ``begin`` on, not from ``with``: a run knows its episodes only once the engine
+    holds the output folder (``resume`` leaves out what is written), and Ray's start-up logs
+    should not scroll under a live bar.
+    """
+
+    def __init__(self, console: Console, total: int | None = None) -> None:
         self.progress = Progress(
             TextColumn("[bold]episodes"),
             BarColumn(),
@@ -43,11 +48,15 @@ class RunProgress:
         )
 
     def __enter__(self) -> RunProgress:
-        self.progress.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.progress.stop()
+
+    def begin(self, total: int | None) -> None:
+        """Show the bar, counting to ``total`` episodes (None: unknown, no bar length)."""
+        self.progress.update(self.task_id, total=total)
+        self.progress.start()
 
     def update(self, snapshot: dict[str, Any]) -> None:
         total = EnvStats.model_validate(snapshot["total"])

@@ -14,7 +14,8 @@ import io
 from pathlib import Path
 
 import pandas as pd
-import pyarrow.dataset as ds
+
+from rayrollout.data.run_folder import RunFolder
 
 __all__ = ["SECTIONS", "load_run", "render_report"]
 
@@ -39,19 +40,12 @@ _COLUMNS = [
 
 
 def load_run(directory: str | Path) -> pd.DataFrame:
-    """The report's columns of every part in an output folder, metrics flattened."""
-    directory = Path(directory)
-    parquet = sorted(str(p) for p in directory.glob("part-*.parquet"))
-    if parquet:
-        frame = ds.dataset(parquet, format="parquet").to_table(columns=_COLUMNS).to_pandas()
-    else:
-        parts = sorted(directory.glob("part-*.jsonl"))
-        if not parts:
-            raise FileNotFoundError(
-                f"no part files (part-*.parquet or part-*.jsonl) in {directory}"
-            )
-        frame = pd.concat([pd.read_json(p, lines=True) for p in parts], ignore_index=True)[_COLUMNS]
-        frame["created_at"] = pd.to_datetime(frame["created_at"], utc=True)
+    """The report's columns of every part in an output folder (both formats), metrics
+    flattened."""
+    folder = RunFolder(directory)
+    if not folder.parts():
+        raise FileNotFoundError(f"no part files (part-*.parquet or part-*.jsonl) in {folder.path}")
+    frame = folder.table(_COLUMNS).to_pandas()
     metrics = pd.json_normalize(frame.pop("metrics").tolist())
     return pd.concat([frame.reset_index(drop=True), metrics.add_prefix("m_")], axis=1)
 

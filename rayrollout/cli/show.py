@@ -1,7 +1,8 @@
 """``rayrollout show``: one trajectory as a readable conversation in the terminal.
 
-Finding the row uses a filtered scan (Parquet row groups are skipped by statistics), so a
-large output folder is never loaded whole.
+Finding the row uses ``RunFolder``'s filtered scan (Parquet row groups are skipped by
+statistics, JSONL lines without the task id are never parsed), so a large output folder is
+never loaded whole.
 """
 
 from __future__ import annotations
@@ -9,12 +10,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pyarrow.dataset as ds
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import Message, Trajectory
 
 __all__ = ["find_trajectories", "render_trajectory"]
@@ -23,22 +24,8 @@ _ROLE_STYLE = {"system": "magenta", "user": "cyan", "assistant": "green", "tool"
 
 
 def find_trajectories(directory: str | Path, task_id: str) -> list[Trajectory]:
-    """Every sample of one task in an output folder (Parquet or JSONL parts)."""
-    directory = Path(directory)
-    parquet = sorted(str(p) for p in directory.glob("part-*.parquet"))
-    found: list[Trajectory] = []
-    if parquet:
-        table = ds.dataset(parquet, format="parquet").to_table(
-            filter=ds.field("task_id") == task_id
-        )
-        found += [Trajectory.from_row(row) for row in table.to_pylist()]
-    for path in sorted(directory.glob("part-*.jsonl")):
-        with path.open(encoding="utf-8") as file:
-            for line in file:
-                if f'"{task_id}"' in line:  # cheap pre-filter before parsing
-                    row = json.loads(line)
-                    if row["task_id"] == task_id:
-                        found.append(Trajectory.from_row(row))
+    """Every sample of one task in an output folder (Parquet or JSONL parts, old or new)."""
+    found = RunFolder(directory).trajectories(task_id=task_id)
     return sorted(found, key=lambda t: t.sample_index)
 
 
@@ -55,7 +42,7 @@ def _message_panel(message: Message) -> Panel:
                 (f"[{call.id}]", "dim"),
             )
         )
-    title = message.role
+    title: str = message.role
     if message.role == "tool":
         title = f"tool {message.name or ''} [{message.tool_call_id}]"
     return Panel(

@@ -13,8 +13,17 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from rayrollout.data.environment_config import (
+    DEFAULT_SESSION_IDLE_TIMEOUT_S,
+    EnvironmentAutoscaling,
+    EnvironmentConfig,
+)
+from rayrollout.data.run_folder import REJECTS_FILE
+from rayrollout.errors import InputError
+
 __all__ = [
     "AgentConfig",
+    "DEFAULT_SESSION_IDLE_TIMEOUT_S",
     "ConfigError",
     "EnvironmentAutoscaling",
     "EnvironmentConfig",
@@ -29,12 +38,8 @@ __all__ = [
 ]
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError, ValueError):
     """A config file or flag that does not validate, with the offending key."""
-
-
-# Serve-hosted stateful environments release a session with no call for this long.
-DEFAULT_SESSION_IDLE_TIMEOUT_S = 3600.0
 
 
 class _Config(BaseModel):
@@ -128,100 +133,6 @@ class PolicyConfig(_Config):
         return self
 
 
-class EnvironmentAutoscaling(_Config):
-    """Bounds of an environment's replica count, scaled by Serve with the requests in flight."""
-
-    min_replicas: int = Field(default=1, ge=0, description="Replicas at least.")
-    max_replicas: int = Field(default=4, ge=1, description="Replicas at most.")
-    target_ongoing_requests: float = Field(
-        default=8.0, gt=0, description="Requests in flight per replica that Serve aims for."
-    )
-    upscale_delay_s: float = Field(
-        default=2.0, ge=0, description="Load must stay high this long before scaling up."
-    )
-    downscale_delay_s: float = Field(
-        default=30.0, ge=0, description="Load must stay low this long before scaling down."
-    )
-    max_ongoing_requests: int = Field(
-        default=64,
-        ge=1,
-        description="Requests one replica takes at once; further calls wait in the caller "
-        "(backpressure), they do not fail.",
-    )
-
-    @model_validator(mode="after")
-    def _bounds_in_order(self) -> EnvironmentAutoscaling:
-        if self.max_replicas < max(1, self.min_replicas):
-            raise ValueError(
-                f"max_replicas ({self.max_replicas}) must be at least min_replicas "
-                f"({self.min_replicas}) and 1"
-            )
-        return self
-
-    def serve_config(self) -> dict[str, Any]:
-        """As Serve's ``autoscaling_config``."""
-        return {
-            "min_replicas": self.min_replicas,
-            "max_replicas": self.max_replicas,
-            "target_ongoing_requests": self.target_ongoing_requests,
-            "upscale_delay_s": self.upscale_delay_s,
-            "downscale_delay_s": self.downscale_delay_s,
-            "metrics_interval_s": 0.5,
-            "look_back_period_s": 2.0,
-        }
-
-
-class EnvironmentConfig(_Config):
-    """Per-environment settings: where it is hosted and on how many replicas."""
-
-    path: str | None = Field(
-        default=None, description="'module:Class' of an environment that is not registered."
-    )
-    hosting: Literal["inline", "serve"] | None = Field(
-        default=None, description="Override the environment's default hosting mode."
-    )
-    replicas: int = Field(default=1, ge=1, description="Serve replicas (hosting 'serve').")
-    num_cpus: float = Field(default=0.1, gt=0, description="CPUs reserved per Serve replica.")
-    autoscaling: EnvironmentAutoscaling | None = Field(
-        default=None,
-        description="Scale replicas with episodes in flight (Serve autoscaling_config); "
-        "replaces 'replicas' when set.",
-    )
-    session_idle_timeout_s: float = Field(
-        default=DEFAULT_SESSION_IDLE_TIMEOUT_S,
-        gt=0,
-        description="Serve-hosted stateful environments: a session with no call for this long "
-        "is closed and its state released (HTTP clients that never verify or close, episodes "
-        "of a killed agent). A call in flight keeps its session.",
-    )
-    url: str | None = Field(
-        default=None,
-        description="Base URL of a running NeMo Gym resources server to use as this "
-        "environment (POST /seed_session, /<tool>, /verify, /close_session); tools come from "
-        "the task rows. Excludes 'path' and 'hosting'.",
-    )
-    timeout_s: float = Field(
-        default=60.0, gt=0, description="Timeout of one HTTP call to 'url' (one attempt)."
-    )
-    max_retries: int = Field(
-        default=3,
-        ge=0,
-        description="Retries with backoff of a call to 'url' on connection errors, timeouts, "
-        "429 and 5xx.",
-    )
-
-    @model_validator(mode="after")
-    def _url_excludes_local_hosting(self) -> EnvironmentConfig:
-        if self.url is not None:
-            if not self.url.startswith(("http://", "https://")):
-                raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
-            if self.path is not None or self.hosting is not None:
-                raise ValueError(
-                    "an environment with 'url' runs on that server: drop 'path' and 'hosting'"
-                )
-        return self
-
-
 class AgentConfig(_Config):
     """The agent pool and the limits of one episode."""
 
@@ -269,6 +180,22 @@ class PlacementConfig(_Config):
     spread_agents: bool = Field(
         default=True, description="Spread agent actors across nodes (Ray's SPREAD strategy)."
     )
+
+    def gpu_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """Ray actor ``options`` plus the GPU-node role, if named (policy replicas)."""
+        return self._with_role(options, self.gpu_resource)
+
+    def cpu_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """Ray actor ``options`` plus the CPU-node role, if named (agents, environment
+        replicas, the engine). Here, not in the engine, because environment hosting (a
+        lower layer) places its replicas too."""
+        return self._with_role(options, self.cpu_resource)
+
+    def _with_role(self, options: dict[str, Any], resource: str | None) -> dict[str, Any]:
+        merged = dict(options)
+        if resource:
+            merged["resources"] = {**merged.get("resources", {}), resource: self.amount}
+        return merged
 
 
 class RayConfig(_Config):
@@ -341,7 +268,9 @@ class RunConfig(_Config):
         default=False, description="Skip (task_id, sample_index) pairs already written."
     )
     skip_invalid: bool = Field(
-        default=False, description="Run the valid rows and write bad ones to rejects.jsonl."
+        default=False,
+        description=f"Run the valid rows and write bad ones to {REJECTS_FILE} in the output "
+        "folder.",
     )
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     environments: dict[str, EnvironmentConfig] = Field(

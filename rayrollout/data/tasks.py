@@ -17,7 +17,8 @@ A NeMo Gym row keeps every key in ``task.fields``, verbatim (``responses_create_
 resources server's ``/seed_session`` and ``/verify``, whose verifiers read what they like
 from it. What rayrollout cannot run is refused with an ``InvalidTaskError`` whose message
 starts "NeMo Gym feature not supported: <feature>" (see ``UNSUPPORTED``), never dropped
-silently.
+silently. NeMo Gym's shapes are read in ``nemo_gym_rows``; this module reads files, tells
+the formats apart and validates the ``Task``.
 
 Files are streamed (a JSONL line or a Parquet batch at a time), never loaded whole. A bad row
 raises ``InvalidTaskError`` naming the file, the line and the field.
@@ -34,29 +35,25 @@ import jsonschema
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 
-from rayrollout.data.schema import Message, SamplingParams, Task, stable_task_id
-from rayrollout.environment.nemo_gym.client import items_to_messages
+from rayrollout.data.nemo_gym_rows import (
+    UNSUPPORTED,
+    Fail,
+    from_nemo_gym,
+    prompt_messages,
+    short,
+    unwrap,
+    usersim_refusal,
+)
+from rayrollout.data.schema import Task, stable_task_id
+from rayrollout.errors import InputError
 
 __all__ = ["UNSUPPORTED", "InvalidTaskError", "iter_task_rows", "parse_task_row", "read_tasks"]
 
-UNSUPPORTED = "NeMo Gym feature not supported"
-"""How every refusal of a NeMo Gym feature begins; the feature's name follows the colon."""
-
 _OWN_KEYS = {"task_id", "environment", "prompt", "tools", "sampling"}
-_ROLE_ALIASES = {"developer": "system"}
-_MEDIA_PARTS = {
-    "input_image": "image",
-    "image_url": "image",
-    "input_audio": "audio",
-    "input_file": "file",
-    "file": "file",
-    "input_video": "video",
-    "video_url": "video",
-}
 MAX_ROW_BYTES = 16 * 1024 * 1024
 
 
-class InvalidTaskError(ValueError):
+class InvalidTaskError(InputError, ValueError):
     """A task row that cannot run, with where it is and what is wrong."""
 
     def __init__(self, source: str, line: int, field: str | None, message: str) -> None:
@@ -95,50 +92,24 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any] | InvalidTaskE
             if not raw_bytes.strip():
                 continue
             if len(raw_bytes) > MAX_ROW_BYTES:
-                yield (
-                    line_no,
-                    InvalidTaskError(
-                        source,
-                        line_no,
-                        None,
-                        f"row is {len(raw_bytes)} bytes, over the {MAX_ROW_BYTES}-byte limit",
-                    ),
-                    None,
-                )
+                message = f"row is {len(raw_bytes)} bytes, over the {MAX_ROW_BYTES}-byte limit"
+                yield line_no, InvalidTaskError(source, line_no, None, message), None
                 continue
             try:
                 raw = raw_bytes.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as exc:
-                yield (
-                    line_no,
-                    InvalidTaskError(
-                        source, line_no, None, f"not valid UTF-8 (byte {exc.start}): {exc.reason}"
-                    ),
-                    raw_bytes.decode("utf-8", errors="replace"),
-                )
-                continue
-            try:
                 row = json.loads(raw)
+            except UnicodeDecodeError as exc:
+                message = f"not valid UTF-8 (byte {exc.start}): {exc.reason}"
+                raw = raw_bytes.decode("utf-8", errors="replace")
+                yield line_no, InvalidTaskError(source, line_no, None, message), raw
+                continue
             except json.JSONDecodeError as exc:
-                yield (
-                    line_no,
-                    InvalidTaskError(
-                        source, line_no, None, f"malformed JSON: {exc.msg} at column {exc.colno}"
-                    ),
-                    raw,
-                )
+                message = f"malformed JSON: {exc.msg} at column {exc.colno}"
+                yield line_no, InvalidTaskError(source, line_no, None, message), raw
                 continue
             if not isinstance(row, dict):
-                yield (
-                    line_no,
-                    InvalidTaskError(
-                        source,
-                        line_no,
-                        None,
-                        f"a row must be a JSON object, got {type(row).__name__}",
-                    ),
-                    raw,
-                )
+                message = f"a row must be a JSON object, got {type(row).__name__}"
+                yield line_no, InvalidTaskError(source, line_no, None, message), raw
                 continue
             yield line_no, row, raw
 
@@ -151,10 +122,6 @@ def _iter_parquet(
         for row in batch.to_pylist():
             line_no += 1
             yield line_no, {k: v for k, v in row.items() if v is not None}, None
-
-
-Fail = Callable[[str | None, str], InvalidTaskError]
-"""Builds the error of the row being parsed from a field name and a message."""
 
 
 def parse_task_row(
@@ -176,16 +143,16 @@ def parse_task_row(
     def fail(field: str | None, message: str) -> InvalidTaskError:
         return InvalidTaskError(source, line, field, message)
 
-    flat, envelope_id, usersim = _unwrap(row, fail)
+    flat, envelope_id, usersim = unwrap(row, fail)
     nemo_gym = "responses_create_params" in flat
     if nemo_gym:
-        data = _from_nemo_gym(flat, fail)
+        data = from_nemo_gym(flat, fail)
     elif "prompt" in flat:
         data = {k: flat[k] for k in _OWN_KEYS if k in flat}
-        data["prompt"] = _messages(flat["prompt"], "prompt", fail)
+        data["prompt"] = prompt_messages(flat["prompt"], "prompt", fail)
         data["fields"] = {k: v for k, v in flat.items() if k not in _OWN_KEYS}
     elif usersim is not None:
-        raise fail(usersim, _unsupported("NeMo UserSim's simulated user", _USERSIM_DETAIL))
+        raise fail(usersim, usersim_refusal())
     elif flat is not row:
         raise fail(
             "task_input",
@@ -215,296 +182,7 @@ def parse_task_row(
         field = ".".join(str(p) for p in first["loc"]) or None
         if nemo_gym and field == "prompt":
             field = "responses_create_params.input"
-        raise fail(field, f"{first['msg']} (got {_short(first.get('input'))})") from None
-
-
-def _unwrap(row: dict[str, Any], fail: Fail) -> tuple[dict[str, Any], str | None, str | None]:
-    """The task row inside NeMo Gym's envelope forms: ``(row, envelope's task id, usersim)``.
-
-    * A materialized task (``nemo_gym.episode_types.is_materialized_task_row``: ``task_id``
-      an object and ``task_input`` present) holds the flat row in ``task_input``, some of its
-      fields possibly in ``task_input.task_data``; flattened the way NeMo Gym builds the
-      flat ``/verify`` body from it (envelope extras < ``task_data`` < ``task_input``, a key
-      that differs inside and outside ``task_data`` being an error). Its id is
-      ``"<taskset>/<task_id>"``: positional ids ("0", "1", ...) repeat across the tasksets
-      of a blended file, and task ids must be unique within a run for ``--resume``.
-    * NeMo UserSim's ``{"task_id", "resolved_row"}`` (no prompt beside them; on its own or
-      as a materialized task's ``task_input``) reads ``resolved_row`` as the row, with the
-      envelope's ``task_id`` (and any other envelope key, ``role_request_params``) added.
-      ``usersim`` is then the field that held ``resolved_row``, else None.
-
-    Any other row is returned as it is.
-    """
-    envelope_id = None
-    prefix = ""
-    if isinstance(row.get("task_id"), dict) and "task_input" in row:
-        row, envelope_id = _materialized(row, fail)
-        prefix = "task_input."
-    if "resolved_row" in row and not {"responses_create_params", "prompt"} & row.keys():
-        resolved = row["resolved_row"]
-        if not isinstance(resolved, dict):
-            raise fail(
-                f"{prefix}resolved_row", f"must be an object (the task row), got {_short(resolved)}"
-            )
-        flat = {k: v for k, v in row.items() if k != "resolved_row"} | resolved
-        if "task_id" in row:
-            if "task_id" in resolved and resolved["task_id"] != row["task_id"]:
-                raise fail(
-                    f"{prefix}resolved_row.task_id",
-                    f"{_short(resolved['task_id'])} differs from the row's task_id "
-                    f"{_short(row['task_id'])}; keep one",
-                )
-            flat["task_id"] = row["task_id"]
-        return flat, envelope_id, f"{prefix}resolved_row"
-    return row, envelope_id, None
-
-
-def _materialized(row: dict[str, Any], fail: Fail) -> tuple[dict[str, Any], str]:
-    """A materialized task's flat row and id (see ``_unwrap``)."""
-    ident = row["task_id"]
-    for key in ("taskset", "task_id"):
-        if not isinstance(ident.get(key), str) or not ident[key]:
-            raise fail(
-                f"task_id.{key}",
-                f"must be a non-empty string, got {_short(ident.get(key))} (a NeMo Gym "
-                "materialized task's id is {'taskset': ..., 'task_id': ...})",
-            )
-    task_input = row["task_input"]
-    if not isinstance(task_input, dict):
-        raise fail("task_input", f"must be an object (the task row), got {_short(task_input)}")
-    fields = dict(task_input)
-    task_data = fields.pop("task_data", {})
-    if not isinstance(task_data, dict):
-        raise fail("task_input.task_data", f"must be an object, got {_short(task_data)}")
-    for key in sorted(fields.keys() & task_data.keys()):
-        if fields[key] != task_data[key]:
-            raise fail(
-                f"task_input.{key}",
-                f"differs from task_input.task_data.{key}; keep one value for the field",
-            )
-    extras = {k: v for k, v in row.items() if k not in ("task_id", "task_input")}
-    return extras | task_data | fields, f"{ident['taskset']}/{ident['task_id']}"
-
-
-_USERSIM_DETAIL = (
-    "A {task_id, resolved_row} row is NeMo UserSim's task input: a simulated user, run by "
-    "NeMo Gym's nemo_user_sim environment server from the persona and probe in resolved_row, "
-    "opens and carries on the conversation, so resolved_row holds no prompt "
-    "('responses_create_params' or 'prompt') for rayrollout to start from. Run it with NeMo "
-    "Gym, or write the opening turn into the row"
-)
-
-
-def _unsupported(feature: str, detail: str) -> str:
-    """A refusal's message: the feature named first, then why and what to do."""
-    return f"{UNSUPPORTED}: {feature}. {detail}"
-
-
-def _from_nemo_gym(row: dict[str, Any], fail: Fail) -> dict[str, Any]:
-    """A NeMo Gym row's prompt, tools, sampling and own fields; ``fields`` is the row whole.
-
-    An empty ``input`` is refused: in every 0.7.0 dataset that has one, the first observation
-    is made while the episode runs, by NeMo Gym code rayrollout does not run: the resources
-    server's ``/seed_session`` answer (``aviary``: a live environment's observation and
-    tools; ``toolsandbox``: the system prompt, the simulated user's first turn and the tools;
-    both stepped through ``/step`` with an ``env_id``; ``terminal_bench_4``: the instruction
-    of a task sandbox), or an agent harness that writes the prompt from the row's other
-    fields (``gdpval``'s stirrup agent, ``scicode``'s per-sub-step prompts,
-    ``legal_agent_bench``'s Harbor agent). Each needs its own protocol or harness beside the
-    plain ``/seed_session``, tools, ``/verify`` one rayrollout speaks (whose ``/seed_session``
-    answer carries nothing), so starting the episode from an empty prompt would be another
-    task, not this one.
-    """
-    params = row["responses_create_params"]
-    field = "responses_create_params.input"
-    if not isinstance(params, dict):
-        raise fail("responses_create_params", "must be an object")
-    if "input" not in params:
-        raise fail(field, "missing: the prompt messages")
-    metadata = params.get("metadata")
-    if isinstance(metadata, dict) and metadata.get("audio_data") is not None:
-        raise fail(
-            "responses_create_params.metadata.audio_data",
-            _unsupported(
-                "audio input",
-                "NeMo Gym's vLLM model server splices metadata.audio_data into the user "
-                "message; rayrollout's messages are text only, so the model would never hear "
-                "the audio: run this task with NeMo Gym",
-            ),
-        )
-    instructions = params.get("instructions")
-    if instructions is not None and not isinstance(instructions, str):
-        raise fail(
-            "responses_create_params.instructions",
-            f"must be a string (the system prompt), got {_short(instructions)}",
-        )
-    items = params["input"]
-    if isinstance(items, list) and not items:
-        if not instructions:
-            raise fail(field, _first_observation_refusal(row))
-        prompt: list[Message] = []
-    else:
-        prompt = _messages(items, field, fail)
-    data: dict[str, Any] = {
-        "prompt": _with_instructions(instructions, prompt),
-        "fields": dict(row),
-    }
-    task_id = row.get("task_id")
-    if task_id is not None:
-        data["task_id"] = task_id
-    if isinstance(row.get("environment"), str):
-        data["environment"] = row["environment"]
-    if params.get("tools") is not None:
-        data["tools"] = params["tools"]
-    sampling = {
-        "temperature": params.get("temperature"),
-        "top_p": params.get("top_p"),
-        "max_tokens": params.get("max_output_tokens"),
-    }
-    if any(v is not None for v in sampling.values()):
-        try:
-            data["sampling"] = SamplingParams.model_validate(sampling)
-        except ValidationError as exc:
-            raise fail("responses_create_params", exc.errors()[0]["msg"]) from None
-    return data
-
-
-def _first_observation_refusal(row: dict[str, Any]) -> str:
-    """The refusal of an empty ``input``, naming the row's agent when it names one."""
-    agent_ref = row.get("agent_ref")
-    agent = agent_ref.get("name") if isinstance(agent_ref, dict) else None
-    by = f" (this row's agent: {agent!r})" if isinstance(agent, str) else ""
-    return _unsupported(
-        "a first observation made at run time",
-        "'input' is empty, so NeMo Gym makes the episode's opening messages while it runs"
-        f"{by}: from the resources server's /seed_session answer, an agent harness that "
-        "writes the prompt from the row's other fields, or a simulated user. rayrollout "
-        "starts an episode from the prompt stored in the row: put the opening messages in "
-        "responses_create_params.input to run it here",
-    )
-
-
-def _with_instructions(instructions: str | None, prompt: list[Message]) -> list[Message]:
-    """The prompt as the model sees it under NeMo Gym: ``instructions`` lead the system message.
-
-    The Responses API puts ``instructions`` before the input as a system message; NeMo
-    Gym's Chat Completions conversion joins them and the input's leading system messages
-    into one (chat templates admit one system message, first), separated by blank lines.
-    """
-    if not instructions:
-        return prompt
-    leading = [instructions]
-    rest = list(prompt)
-    while rest and rest[0].role == "system":
-        leading.append(rest.pop(0).content or "")
-    return [Message(role="system", content="\n\n".join(leading)), *rest]
-
-
-def _messages(value: Any, field: str, fail: Fail) -> list[Message]:
-    """Chat messages from a prompt: a string, chat messages, or Responses-API input items.
-
-    Items are checked here, each error naming its index, and converted by
-    ``nemo_gym.items_to_messages``, the one conversion of Responses items to chat messages.
-    ``reasoning`` items have no chat equivalent and are left out of the prompt (the row,
-    kept in ``fields``, still holds them): rayrollout's messages carry no reasoning, and chat
-    templates of reasoning models drop earlier turns' reasoning when they render a prompt.
-    """
-    if isinstance(value, str):
-        if not value.strip():
-            raise fail(field, "empty prompt")
-        return [Message(role="user", content=value)]
-    if not isinstance(value, list):
-        raise fail(field, f"must be a string or a list of messages, got {type(value).__name__}")
-    _check_items(value, field, fail)
-    messages = items_to_messages(value)
-    if not messages:
-        raise fail(field, "empty prompt: no messages")
-    return messages
-
-
-def _check_items(items: list[Any], field: str, fail: Fail) -> None:
-    """Raise for the first item ``items_to_messages`` would drop or misread."""
-    called: set[str] = set()
-    for i, item in enumerate(items):
-        where = f"{field}[{i}]"
-        if not isinstance(item, dict):
-            raise fail(where, "must be a message object with 'role' and 'content'")
-        kind = item.get("type") or "message"
-        if kind == "message":
-            if "role" not in item:
-                raise fail(where, "must be a message object with 'role' and 'content'")
-            role = item["role"]
-            if not isinstance(role, str):
-                raise fail(f"{where}.role", f"must be a string, got {_short(role)}")
-            if _ROLE_ALIASES.get(role, role) not in ("system", "user", "assistant"):
-                raise fail(f"{where}.role", f"unsupported role {role!r}")
-            _text(item.get("content"), f"{where}.content", fail)
-        elif kind == "function_call":
-            if not isinstance(item.get("name"), str) or not item["name"]:
-                raise fail(f"{where}.name", "missing: a function_call names the tool it calls")
-            arguments = item.get("arguments")
-            if arguments is not None and not isinstance(arguments, str):
-                raise fail(
-                    f"{where}.arguments",
-                    f"must be the arguments as JSON text, got {_short(arguments)}",
-                )
-            call_id = item.get("call_id") or item.get("id")
-            if not isinstance(call_id, str):
-                raise fail(
-                    f"{where}.call_id",
-                    f"must be a string (the id its function_call_output answers), got "
-                    f"{_short(call_id)}",
-                )
-            called.add(call_id)
-        elif kind == "function_call_output":
-            call_id = item.get("call_id")
-            if not isinstance(call_id, str) or call_id not in called:
-                raise fail(
-                    f"{where}.call_id",
-                    f"answers no earlier function_call (call_id {_short(call_id)}): a tool's "
-                    "output must follow the call it answers",
-                )
-            _text(item.get("output"), f"{where}.output", fail)
-        elif kind != "reasoning":
-            raise fail(
-                f"{where}.type",
-                f"unsupported item type {_short(kind)}: rayrollout reads message, "
-                "function_call, function_call_output and reasoning items",
-            )
-
-
-def _text(content: Any, field: str, fail: Fail) -> str:
-    """Message content as text: a string, or a list of text parts.
-
-    A media part (image, audio, file, video) is refused rather than dropped: rayrollout's
-    messages are text only, and a task whose image silently vanished (``circle_click``,
-    ``vlm_eval_kit``) would still run and be scored, on a question the model cannot see.
-    """
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise fail(field, f"must be text or a list of text parts, got {_short(content)}")
-    texts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if isinstance(kind, str) and kind in _MEDIA_PARTS:
-            raise fail(
-                f"{field}[{j}]",
-                _unsupported(
-                    f"{_MEDIA_PARTS[kind]} input",
-                    f"The content part is of type {kind!r}, and rayrollout's messages are "
-                    f"text only, so the model would never see the {_MEDIA_PARTS[kind]}: run "
-                    "this task with NeMo Gym",
-                ),
-            )
-        if not (
-            isinstance(part, dict)
-            and kind in (None, "text", "input_text", "output_text")
-            and isinstance(part.get("text"), str)
-        ):
-            raise fail(f"{field}[{j}]", f"must be a text part {{'text': ...}}, got {_short(part)}")
-        texts.append(part["text"])
-    return "".join(texts)
+        raise fail(field, f"{first['msg']} (got {short(first.get('input'))})") from None
 
 
 def _chat_tools(tools: Any, fail: Fail) -> list[dict[str, Any]]:
@@ -525,7 +203,7 @@ def _chat_tools(tools: Any, fail: Fail) -> list[dict[str, Any]]:
             jsonschema.validators.validator_for(params).check_schema(params)
         except jsonschema.SchemaError as exc:
             raise fail(
-                f"tools[{i}].parameters", f"not a valid JSON Schema: {_short(exc.message)}"
+                f"tools[{i}].parameters", f"not a valid JSON Schema: {short(exc.message)}"
             ) from None
         chat = {
             "name": function["name"],
@@ -536,11 +214,6 @@ def _chat_tools(tools: Any, fail: Fail) -> list[dict[str, Any]]:
             chat["strict"] = function["strict"]
         out.append({"type": "function", "function": chat})
     return out
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def read_tasks(

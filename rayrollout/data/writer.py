@@ -1,17 +1,14 @@
 """Streaming output: trajectories go to Parquet or JSONL part files while the run goes on.
 
-Each part is written to a hidden temporary file and renamed into place, so a reader (or a
-resumed run) never sees half a part: ``pyarrow.dataset``, pandas and Ray Data skip names
-starting with ``.``. Part names carry the run id, so a resumed run adds parts beside the old
-ones. Memory is bounded by ``rows_per_part``.
-
 Sinks follow one lifecycle (``start``, ``write``, ``complete``, ``failed``); Parquet and JSONL
-are two implementations of it.
+are two implementations of it, differing only in how a table becomes a file. Everything
+about the folder itself (part names, temporary files renamed into place, the lock, what is
+already written) belongs to ``RunFolder``. ``PartWriter`` cuts rows into parts, so memory is
+bounded by ``rows_per_part``.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import time
@@ -20,12 +17,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from rayrollout.data.schema import trajectory_arrow_schema
+from rayrollout.data.run_folder import FORMATS, SCHEMA, RunFolder, WriterError
 
 __all__ = [
+    "SCHEMA",
     "JsonlSink",
     "ParquetSink",
     "PartWriter",
@@ -34,12 +31,6 @@ __all__ = [
     "make_sink",
     "written_keys",
 ]
-
-SCHEMA = trajectory_arrow_schema()
-
-
-class WriterError(RuntimeError):
-    """Output could not be written (disk full, permissions, a bad folder)."""
 
 
 class Sink(Protocol):
@@ -52,84 +43,59 @@ class Sink(Protocol):
 
 
 class _PartSink:
-    suffix = ""
+    """A sink writing one part file per ``write`` into a ``RunFolder``, holding its lock."""
 
-    def __init__(self, directory: str | Path, run_id: str, lock_timeout_s: float = 60.0) -> None:
-        self.directory = Path(directory)
+    format = ""
+
+    def __init__(
+        self, directory: str | Path | RunFolder, run_id: str, lock_timeout_s: float = 60.0
+    ) -> None:
+        self.folder = (
+            directory if isinstance(directory, RunFolder) else RunFolder(directory, self.format)
+        )
+        self.directory = self.folder.path
         self.run_id = run_id
         self.lock_timeout_s = lock_timeout_s
         self.parts_written = 0
-        self._lock: Any = None
 
     def start(self) -> None:
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise WriterError(f"cannot create output folder {self.directory}: {exc}") from exc
-        self._take_lock()
-        for stale in self.directory.glob(f".part-*{self.suffix}.tmp"):
-            stale.unlink(missing_ok=True)  # left by a killed run; never renamed, so never read
+        """Create the folder, become its one writer, and clear half-written parts of runs
+        that were killed (never renamed, so never read)."""
+        self.folder.create()
+        self.folder.take_lock(self.lock_timeout_s)
+        self.folder.remove_temporaries()
 
     def write(self, table: pa.Table) -> Path:
-        name = f"part-{self.run_id}-{self.parts_written:05d}{self.suffix}"
-        final = self.directory / name
-        temporary = self.directory / f".{name}.tmp"
-        try:
-            self._write_file(table, temporary)
-            os.replace(temporary, final)
-        except OSError as exc:
-            temporary.unlink(missing_ok=True)
-            raise WriterError(f"cannot write {final}: {exc}") from exc
+        path = self.folder.write_part(
+            self.run_id,
+            self.parts_written,
+            lambda temporary: self._write_file(table, temporary),
+            self.format,
+        )
         self.parts_written += 1
-        return final
+        return path
 
     def _write_file(self, table: pa.Table, path: Path) -> None:
         raise NotImplementedError
 
-    def _take_lock(self) -> None:
-        """One writer per folder: a killed run's orphaned writer must be gone before
-        a resumed run reads which rows exist, or both would write the same rows.
-        The OS drops the lock when the holding process dies."""
-        lock = (self.directory / ".lock").open("a")
-        deadline = time.monotonic() + self.lock_timeout_s
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                self._lock = lock
-                return
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    lock.close()
-                    raise WriterError(
-                        f"another run is still writing to {self.directory} (it holds "
-                        f"{self.directory / '.lock'}); stop it, or use another --out"
-                    ) from None
-                time.sleep(0.2)
-
-    def _release_lock(self) -> None:
-        if self._lock is not None:
-            self._lock.close()
-            self._lock = None
-
     def complete(self) -> None:
         """Every part is complete once renamed; only the folder lock is left to release."""
-        self._release_lock()
+        self.folder.release_lock()
 
     def failed(self, error: BaseException) -> None:
-        for stale in self.directory.glob(f".part-{self.run_id}-*.tmp"):
-            stale.unlink(missing_ok=True)
-        self._release_lock()
+        self.folder.remove_temporaries(self.run_id)
+        self.folder.release_lock()
 
 
 class ParquetSink(_PartSink):
-    suffix = ".parquet"
+    format = "parquet"
 
     def _write_file(self, table: pa.Table, path: Path) -> None:
         pq.write_table(table, path, compression="zstd")
 
 
 class JsonlSink(_PartSink):
-    suffix = ".jsonl"
+    format = "jsonl"
 
     def _write_file(self, table: pa.Table, path: Path) -> None:
         with path.open("w", encoding="utf-8") as file:
@@ -145,11 +111,12 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot write {type(value).__name__} to JSONL")
 
 
-def make_sink(directory: str | Path, fmt: str, run_id: str) -> Sink:
-    """The sink for an output format name."""
-    sinks = {"parquet": ParquetSink, "jsonl": JsonlSink}
+def make_sink(directory: str | Path | RunFolder, fmt: str, run_id: str) -> Sink:
+    """The sink for an output format name, writing into ``directory`` (a path or the
+    engine's ``RunFolder``)."""
+    sinks: dict[str, type[_PartSink]] = {"parquet": ParquetSink, "jsonl": JsonlSink}
     if fmt not in sinks:
-        raise WriterError(f"unknown output format {fmt!r}; use one of {', '.join(sinks)}")
+        raise WriterError(f"unknown output format {fmt!r}; use one of {', '.join(FORMATS)}")
     return sinks[fmt](directory, run_id)
 
 
@@ -211,24 +178,10 @@ class PartWriter:
         }
 
 
-def written_keys(directory: str | Path, fmt: str) -> set[tuple[str, int]]:
-    """Every ``(task_id, sample_index)`` already written in an output folder (for --resume)."""
-    directory = Path(directory)
-    if not directory.exists():
-        return set()
-    keys: set[tuple[str, int]] = set()
-    if fmt == "parquet":
-        files = sorted(str(p) for p in directory.glob("part-*.parquet"))
-        if not files:
-            return keys
-        dataset = ds.dataset(files, format="parquet")
-        for batch in dataset.to_batches(columns=["task_id", "sample_index"]):
-            keys.update(zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True))
-        return keys
-    for path in sorted(directory.glob("part-*.jsonl")):
-        with path.open(encoding="utf-8") as file:
-            for line in file:
-                if line.strip():
-                    row = json.loads(line)
-                    keys.add((row["task_id"], row["sample_index"]))
-    return keys
+def written_keys(directory: str | Path, fmt: str | None = None) -> set[tuple[str, int]]:
+    """Every ``(task_id, sample_index)`` already written in an output folder (for --resume).
+
+    Parts of every format count, whatever ``fmt`` says (kept for callers that pass the run's
+    format): ``RunFolder.written_keys``.
+    """
+    return RunFolder(directory).written_keys()

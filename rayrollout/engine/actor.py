@@ -1,4 +1,4 @@
-"""The engine actor: owns the agent pool, the environment registry of what is up, and the writer.
+"""The engine actor: the collect pipeline from queued episodes to part files.
 
 Named ``engine`` in the run's namespace, so drivers and training loops find it with
 ``ray.get_actor("engine", namespace=NS)``. Work arrives through ``submit`` (which waits while
@@ -8,6 +8,10 @@ call. The agent streams a chunk's rows back as its episodes finish (a Ray stream
 generator), so a slow episode never holds its chunk's finished slots; each batch goes to
 the writer as it arrives. If the agent dies, only the episodes it had not yet handed back
 are sent again, so no row is written twice.
+
+The actor's other two jobs have their own modules: the training-loop methods (``generate``,
+``pause``, ``resume``, ``update_weights``, ``stats``) in ``training``, and putting
+environments up on Serve in ``deploy``.
 """
 
 from __future__ import annotations
@@ -19,28 +23,21 @@ from typing import Any
 
 import pyarrow as pa
 import ray
-from ray import serve
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
 from rayrollout.data.config import RunConfig
-from rayrollout.data.schema import Task
-from rayrollout.data.writer import PartWriter, make_sink, written_keys
-from rayrollout.engine.agent import AgentActor, agent_name, resolve_hosting
+from rayrollout.data.run_folder import RunFolder
+from rayrollout.data.writer import PartWriter, make_sink
+from rayrollout.engine.agent import AgentActor, agent_name
 from rayrollout.engine.chunks import ChunkRows
+from rayrollout.engine.deploy import EnvironmentDeployer
 from rayrollout.engine.episode import EpisodeSpec, failed_trajectory
-from rayrollout.engine.groups import GenerateResult, SamplingCounts, generate_groups
+from rayrollout.engine.groups import SamplingCounts
 from rayrollout.engine.metrics import RunMetrics
 from rayrollout.engine.placement import agent_actor_options
 from rayrollout.engine.stats import RunStats
+from rayrollout.engine.training import TrainingLoopAPI
 from rayrollout.engine.weights import WeightSync
-from rayrollout.environment.hosting import (
-    environment_app,
-    environment_app_name,
-    environment_deployment_options,
-    environment_route,
-)
-from rayrollout.environment.registry import load_environment
-from rayrollout.policy.gate import PauseMode
 
 __all__ = ["ENGINE_NAME", "EngineActor"]
 
@@ -56,7 +53,7 @@ def chunk_size(concurrency: int, num_agents: int) -> int:
 
 
 @ray.remote(num_cpus=0, max_concurrency=10_000)
-class EngineActor:
+class EngineActor(TrainingLoopAPI):
     """Runs episodes on the agent pool and streams their rows to the output folder."""
 
     def __init__(
@@ -76,14 +73,14 @@ class EngineActor:
             for i in range(config.agents.num_agents)
         ]
         out = config.output
-        self.sink = make_sink(out.dir, out.format, run_id)
+        self.folder = RunFolder(out.dir, out.format)
+        self.sink = make_sink(self.folder, out.format, run_id)
         self.writer = PartWriter(self.sink, out.rows_per_part, out.flush_interval_s)
-        self.stats = RunStats()
+        self.run_stats = RunStats()
         self.metrics = RunMetrics(config.namespace)
         self.chunk = chunk_size(config.concurrency, config.agents.num_agents)
         self.queue: asyncio.Queue[EpisodeSpec] = asyncio.Queue(maxsize=2 * config.concurrency)
-        self.ready_envs: set[str] = set()
-        self.env_lock = asyncio.Lock()
+        self.environments = EnvironmentDeployer(config)
         self.write_lock = asyncio.Lock()
         self.feeder: asyncio.Task[None] | None = None
         self.calls: set[asyncio.Task[None]] = set()  # agent calls in flight
@@ -99,9 +96,7 @@ class EngineActor:
         self.weights = WeightSync(config, policy_url, self.agents)
         self.sampling = SamplingCounts()
         self.waiters: dict[int, _Waiter] = {}  # id(spec) -> the generate() call awaiting it
-        # generate(write=True): the next free sample index per task id, so (task_id,
-        # sample_index) stays unique on disk across training steps (read from disk once).
-        self.next_sample: dict[str, int] | None = None
+        self.next_sample: dict[str, int] | None = None  # read from the folder when first needed
 
     async def start(self) -> list[str]:
         """Wait for the agents and open the output; returns the agents' names."""
@@ -124,20 +119,19 @@ class EngineActor:
 
     async def ensure_environments(self, names: list[str]) -> None:
         """Deploy these environments now (``rayrollout up``) rather than at their first task."""
-        for name in names:
-            await self._ensure_environment(name)
+        await self.environments.ensure_all(names)
 
     def begin(self) -> None:
         """Start a new batch of work (a ``collect``): fresh figures, parts counted from here."""
-        self.stats = RunStats()
+        self.run_stats = RunStats()
         self.batch_first_part = len(self.writer.paths)
 
     async def submit(self, specs: list[EpisodeSpec]) -> None:
         """Queue episodes; waits while the queue is full."""
         if self.failure is not None:
             raise self.failure
-        for env in {s.task.environment for s in specs} - self.ready_envs:
-            await self._ensure_environment(env)
+        for env in self.environments.missing(s.task.environment for s in specs):
+            await self.environments.ensure(env)
         self.submitted += len(specs)
         self.metrics.on_submit([s.task.environment for s in specs])
         self.all_done.clear()
@@ -174,7 +168,8 @@ class EngineActor:
         return self.writer.rows_written
 
     def progress(self) -> dict[str, Any]:
-        return {**self.stats.snapshot(), **self._output_figures()}
+        """The current batch's figures so far (what the driver's progress display shows)."""
+        return {**self.run_stats.snapshot(), **self._output_figures()}
 
     def _output_figures(self) -> dict[str, Any]:
         """Queue and writer figures, shared by ``progress`` and ``stats``."""
@@ -183,110 +178,6 @@ class EngineActor:
             "rows_written": self.writer.rows_written,
             "writer": self.writer.figures(),
         }
-
-    # Training-loop interface (issue 5): a trainer finds this actor by name and calls these.
-
-    async def generate(
-        self,
-        tasks: list[Task | dict[str, Any]],
-        n: int,
-        dynamic_sampling: bool | None = None,
-        batch_size: int | None = None,
-        max_extra_groups: int | None = None,
-        write: bool | None = None,
-    ) -> GenerateResult:
-        """Run ``n`` samples of each task; return them grouped by task (GRPO groups).
-
-        Each group carries its rewards' mean and std; every turn its ``policy_version``.
-        ``dynamic_sampling`` drops zero-variance groups and tops the batch (``batch_size``
-        groups, default all tasks) up from the tasks after it, then by sampling dropped
-        tasks again, within ``max_extra_groups`` (``rayrollout.engine.groups``). ``write`` also
-        sends the trajectories to the output folder; their sample indices then continue
-        from the last one written for the task (this engine's calls and what the folder
-        held before), so ``(task_id, sample_index)`` stays unique on disk across steps.
-        Unset arguments come from the config's ``training`` section.
-
-        Example:
-            >>> engine = ray.get_actor("engine", namespace="rayrollout")  # doctest: +SKIP
-            >>> result = ray.get(engine.generate.remote(tasks, n=8))  # doctest: +SKIP
-            >>> [(g.task_id, g.reward_mean, g.reward_std) for g in result.groups]  # doctest: +SKIP
-        """
-        from rayrollout.data.tasks import parse_task_row
-
-        settings = self.config.training
-        parsed = [
-            t
-            if isinstance(t, Task)
-            else parse_task_row(t, default_environment=self.config.environment, line=i)
-            for i, t in enumerate(tasks, start=1)
-        ]
-        keep = settings.write_trajectories if write is None else write
-        dynamic = settings.dynamic_sampling if dynamic_sampling is None else dynamic_sampling
-        extra = settings.max_extra_groups if max_extra_groups is None else max_extra_groups
-        taken = await self._samples_on_disk() if keep else {}
-        first = {t.task_id: taken.get(t.task_id, 0) for t in parsed}
-
-        async def run(specs: list[EpisodeSpec]) -> list[dict[str, Any]]:
-            if keep:
-                for spec in specs:
-                    task_id = spec.task.task_id
-                    taken[task_id] = max(taken.get(task_id, 0), spec.sample_index + 1)
-            return await self._run_specs(specs, keep)
-
-        result, episodes = await generate_groups(parsed, n, run, dynamic, batch_size, extra, first)
-        self.sampling.add(result, episodes)
-        return result
-
-    async def pause(self, mode: PauseMode | None = None) -> dict[str, Any]:
-        """Hold every new model call; calls in flight per ``mode`` (default: config's
-        ``training.pause_mode``): 'wait', 'abort_and_retry' or 'continue'."""
-        return await self.weights.pause(mode)
-
-    async def resume(self) -> dict[str, Any]:
-        """Let model calls go out again, under the current policy version."""
-        return await self.weights.resume()
-
-    async def update_weights(
-        self, path: str | None = None, version: int | None = None
-    ) -> dict[str, Any]:
-        """Load a checkpoint folder (absolute path, safetensors) into every policy replica
-        and move to ``version`` (default: the current one + 1); pauses around it unless
-        already paused. Without ``path`` only the version moves (scripted policy, or a
-        server the trainer updated itself)."""
-        return await self.weights.update_weights(path, version)
-
-    async def stats(self) -> dict[str, Any]:
-        """Episodes done and in flight, throughput, reward, errors, per environment; the
-        policy version and calls held or aborted; dynamic sampling counts."""
-        snapshot = self.stats_snapshot()
-        agents = await asyncio.gather(
-            *(agent.policy_calls.remote() for agent in self.agents), return_exceptions=True
-        )
-        calls: dict[str, int] = {}
-        for answer in agents:
-            if isinstance(answer, dict):
-                for key in ("in_flight", "calls", "held", "aborted", "stale_restarts"):
-                    calls[key] = calls.get(key, 0) + answer[key]
-        snapshot["policy_calls"] = calls
-        return snapshot
-
-    def stats_snapshot(self) -> dict[str, Any]:
-        """``stats()`` without asking the agents (no awaits)."""
-        snapshot = {**self.stats.summary(), **self._output_figures()}
-        snapshot["policy"] = self.weights.snapshot()
-        snapshot["dynamic_sampling"] = self.sampling.model_dump()
-        return snapshot
-
-    async def _samples_on_disk(self) -> dict[str, int]:
-        """The next free sample index per task id in the output folder; the folder is read
-        once, then the engine counts what its writing generate() calls start."""
-        if self.next_sample is None:
-            out = self.config.output
-            on_disk = await asyncio.to_thread(written_keys, out.dir, out.format)
-            self.next_sample = {}
-            for task_id, index in on_disk:
-                self.next_sample[task_id] = max(self.next_sample.get(task_id, 0), index + 1)
-        return self.next_sample
 
     async def _run_specs(self, specs: list[EpisodeSpec], write: bool) -> list[dict[str, Any]]:
         """Run episodes through the queue and hand their rows back (in any order)."""
@@ -315,31 +206,6 @@ class EngineActor:
                 keep.append(index)
         return table.take(keep)
 
-    async def _ensure_environment(self, name: str) -> None:
-        """Deploy a Serve-hosted environment the first time a task needs it."""
-        async with self.env_lock:
-            if name in self.ready_envs:
-                return
-            try:
-                env_cls = load_environment(self.config.environment_config(name).path or name)
-            except LookupError:
-                self.ready_envs.add(name)  # its episodes end as errors naming the problem
-                return
-            if resolve_hosting(self.config, env_cls) == "serve":
-                settings = self.config.environment_config(name)
-                app = environment_app(
-                    f"{env_cls.__module__}:{env_cls.__qualname__}",
-                    num_replicas=settings.replicas,
-                    num_cpus=settings.num_cpus,
-                    options=environment_deployment_options(self.config, name),
-                    session_idle_timeout_s=settings.session_idle_timeout_s,
-                )
-                app_name = environment_app_name(self.config.namespace, name)
-                # The route serves NeMo Gym's HTTP protocol (see nemo_gym_routes.py).
-                route = environment_route(self.config.namespace, name)
-                await asyncio.to_thread(serve.run, app, name=app_name, route_prefix=route)
-            self.ready_envs.add(name)
-
     async def _feed(self) -> None:
         """Send queued episodes to the least-loaded agent whenever slots are free."""
         assert self.slots is not None
@@ -353,7 +219,7 @@ class EngineActor:
                 chunk.append(self.queue.get_nowait())
             index = min(range(len(self.agents)), key=self.load.__getitem__)
             self.load[index] += len(chunk)
-            self.stats.in_flight += len(chunk)
+            self.run_stats.in_flight += len(chunk)
             call = asyncio.create_task(self._run_chunk(index, chunk))
             self.calls.add(call)
             call.add_done_callback(self.calls.discard)
@@ -388,11 +254,11 @@ class EngineActor:
         """Free the slots of finished episodes; count, deliver and write their rows."""
         assert self.slots is not None
         self.load[index] -= len(specs)
-        self.stats.in_flight -= len(specs)
+        self.run_stats.in_flight -= len(specs)
         for _ in specs:
             self.slots.release()
-        self.stats.add(result.summaries)
-        self.metrics.on_rows(result.summaries, self.stats.in_flight, self.writer.buffered_rows)
+        self.run_stats.add(result.summaries)
+        self.metrics.on_rows(result.summaries, self.run_stats.in_flight, self.writer.buffered_rows)
         try:
             await self._write(self._deliver(specs, result))
         except Exception:
@@ -415,7 +281,7 @@ class EngineActor:
     async def _flush_periodically(self) -> None:
         while True:
             await asyncio.sleep(min(1.0, self.config.output.flush_interval_s))
-            self.metrics.set_load(self.stats.in_flight, self.writer.buffered_rows)
+            self.metrics.set_load(self.run_stats.in_flight, self.writer.buffered_rows)
             try:
                 await self._write([])
             except Exception:

@@ -21,17 +21,18 @@ from rayrollout.data.config import RunConfig
 from rayrollout.engine.chunks import ChunkRows
 from rayrollout.engine.episode import EpisodeSpec, failed_trajectory, run_episode
 from rayrollout.environment import Environment
-from rayrollout.environment.hosting import (
+from rayrollout.environment.nemo_gym.client import NemoGymConnections, RemoteEnvironment
+from rayrollout.environment.registry import environment_spec
+from rayrollout.environment.serve_batching import BatchingHandle
+from rayrollout.environment.server import environment_app_name
+from rayrollout.environment.sessions import (
     EnvSession,
     InlineSession,
     ServeSession,
-    environment_app_name,
+    resolve_hosting,
 )
-from rayrollout.environment.nemo_gym.client import NemoGymConnections, RemoteEnvironment
-from rayrollout.environment.registry import load_environment
-from rayrollout.environment.serve_batching import BatchingHandle
 from rayrollout.policy.client import PolicyClient
-from rayrollout.policy.gate import GatedPolicy, PauseMode, PolicyGate
+from rayrollout.policy.gate import PauseMode, PolicyGate
 
 __all__ = ["AgentActor", "agent_name"]
 
@@ -45,14 +46,6 @@ def agent_name(index: int) -> str:
     return f"agent:{index}"
 
 
-def resolve_hosting(config: RunConfig, env_cls: type[Environment]) -> str:
-    """Where an environment runs: 'remote' for a URL, the config's choice, else the default."""
-    settings = config.environment_config(env_cls.name)
-    if settings.url is not None:
-        return "remote"
-    return settings.hosting or env_cls.default_hosting
-
-
 class AgentRunner:
     """The agent's logic, usable without Ray (tests, benchmarks of the bare loop)."""
 
@@ -61,28 +54,36 @@ class AgentRunner:
         self.config = config
         # One connection per episode this agent may hold in flight, so no call queues for one.
         per_agent = -(-config.concurrency // config.agents.num_agents)
-        client = PolicyClient(config.policy, policy_url, max_connections=per_agent + 16)
         # Every model call passes the gate: pause/resume for weight updates, versions per turn.
         self.gate = PolicyGate(config.training.max_staleness)
-        self.policy = GatedPolicy(client, self.gate)
+        self.policy = PolicyClient(config.policy, policy_url, per_agent + 16, self.gate)
         self.handles: dict[str, Any] = {}
+        self.env_classes: dict[str, type[Environment]] = {}  # by registered name, once loaded
         self.batchers: dict[str, BatchingHandle] = {}
         self.remote = NemoGymConnections()
 
     def _env_class(self, name: str) -> type[Environment]:
-        settings = self.config.environment_config(name)
-        if settings.url is not None:
-            return RemoteEnvironment
-        return load_environment(settings.path or name)
+        """The class of environment ``name`` (the task's name, which picks its settings too);
+        loaded once, so an episode pays a dict lookup. Unknown names raise every time."""
+        env_cls = self.env_classes.get(name)
+        if env_cls is None:
+            settings = self.config.environment_config(name)
+            if settings.url is not None:
+                env_cls = RemoteEnvironment
+            else:
+                env_cls = environment_spec(name, settings).load()
+            self.env_classes[name] = env_cls
+        return env_cls
 
     def _session(
         self, env_cls: type[Environment], env_name: str, spec: EpisodeSpec, episode_id: str
     ) -> EnvSession:
         settings = self.config.environment_config(env_name)
-        if settings.url is not None:  # a NeMo Gym resources server, over HTTP
+        hosting = resolve_hosting(settings, env_cls)
+        if hosting == "remote":  # a NeMo Gym resources server, over HTTP
             return self.remote.session(env_name, settings, spec.task, episode_id)
-        if resolve_hosting(self.config, env_cls) == "inline":
-            return InlineSession(env_cls, spec.task)
+        if hosting == "inline":
+            return InlineSession(env_cls, spec.task, settings.args)
         handle = self.handles.get(env_name)
         if handle is None:
             app = environment_app_name(self.config.namespace, env_name)
@@ -114,7 +115,7 @@ class AgentRunner:
                 trajectory.turns[0].policy_version if trajectory.turns else self.gate.version
             )
             stale = self.gate.take_stale(episode_id)
-            if not getattr(session, "lost", False) and not stale:
+            if not session.lost and not stale:
                 break
             if attempt == _EPISODE_ATTEMPTS:
                 trajectory.error = f"{trajectory.error} (episode tried {attempt} times)"

@@ -11,6 +11,7 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Literal
 
 from rayrollout.data.config import AgentConfig
 from rayrollout.data.schema import (
@@ -23,8 +24,9 @@ from rayrollout.data.schema import (
     Turn,
 )
 from rayrollout.environment import Environment, Episode
-from rayrollout.environment.hosting import EnvironmentSetupFailed, EnvSession
-from rayrollout.policy.client import PolicyClient, PolicyError, PolicyTimeout
+from rayrollout.environment.sessions import EnvironmentSetupFailed, EnvSession
+from rayrollout.policy.client import PolicyError, PolicyTimeout
+from rayrollout.policy.protocol import Policy
 from rayrollout.policy.tokens import first_mismatch
 
 __all__ = ["EpisodeSpec", "run_episode"]
@@ -57,7 +59,7 @@ async def run_episode(
     spec: EpisodeSpec,
     env_cls: type[Environment],
     session: EnvSession,
-    policy: PolicyClient,
+    policy: Policy,
     config: AgentConfig,
     agent_name: str = "",
     episode_id: str | None = None,
@@ -119,7 +121,7 @@ async def _play(
     messages: list[Message],
     trajectory: Trajectory,
     session: EnvSession,
-    policy: PolicyClient,
+    policy: Policy,
     config: AgentConfig,
     episode_id: str,
 ) -> bool:
@@ -189,7 +191,7 @@ async def _play(
 
 def _mark(
     metrics: EpisodeMetrics,
-    kind: str,
+    kind: Literal["model", "tool", "verify"],
     name: str,
     started_at: float,
     seconds: float,

@@ -43,6 +43,11 @@ METRIC_NAMES = (
 )
 
 
+def _latency(name: str, description: str, tag_keys: tuple[str, ...]) -> metrics.Histogram:
+    """A histogram of seconds; every latency shares the buckets so that they compare."""
+    return metrics.Histogram(name, description, boundaries=_SECONDS, tag_keys=tag_keys)
+
+
 class RunMetrics:
     """The run's Ray metrics; one instance lives in the engine actor."""
 
@@ -66,29 +71,17 @@ class RunMetrics:
         self.reward = metrics.Histogram(
             "rayrollout_reward", "Episode rewards.", boundaries=_REWARD, tag_keys=env
         )
-        self.policy_seconds = metrics.Histogram(
-            "rayrollout_policy_call_seconds",
-            "Latency of one model call, retries included.",
-            boundaries=_SECONDS,
-            tag_keys=env,
+        self.policy_seconds = _latency(
+            "rayrollout_policy_call_seconds", "Latency of one model call, retries included.", env
         )
-        self.tool_seconds = metrics.Histogram(
+        self.tool_seconds = _latency(
             "rayrollout_tool_call_seconds",
             "Latency of one tool call.",
-            boundaries=_SECONDS,
-            tag_keys=("namespace", "environment", "tool"),
+            ("namespace", "environment", "tool"),
         )
-        self.verify_seconds = metrics.Histogram(
-            "rayrollout_verify_seconds",
-            "Latency of the verifier.",
-            boundaries=_SECONDS,
-            tag_keys=env,
-        )
-        self.episode_seconds = metrics.Histogram(
-            "rayrollout_episode_seconds",
-            "Wall time of an episode.",
-            boundaries=_SECONDS,
-            tag_keys=env,
+        self.verify_seconds = _latency("rayrollout_verify_seconds", "Latency of the verifier.", env)
+        self.episode_seconds = _latency(
+            "rayrollout_episode_seconds", "Wall time of an episode.", env
         )
         self.tokens = metrics.Counter(
             "rayrollout_tokens",

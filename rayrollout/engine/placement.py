@@ -27,23 +27,14 @@ __all__ = [
 ]
 
 
-def _with_resource(options: dict[str, Any], resource: str | None, amount: float) -> dict[str, Any]:
-    merged = dict(options)
-    if resource:
-        merged["resources"] = {**merged.get("resources", {}), resource: amount}
-    return merged
-
-
 def policy_actor_options(config: RunConfig, options: dict[str, Any]) -> dict[str, Any]:
     """Ray actor options of a policy replica: ``options`` plus the GPU-node role, if named."""
-    placement = config.placement
-    return _with_resource(options, placement.gpu_resource, placement.amount)
+    return config.placement.gpu_options(options)
 
 
 def cpu_actor_options(config: RunConfig, options: dict[str, Any]) -> dict[str, Any]:
     """Ray actor options of an environment replica or the engine: plus the CPU-node role."""
-    placement = config.placement
-    return _with_resource(options, placement.cpu_resource, placement.amount)
+    return config.placement.cpu_options(options)
 
 
 def agent_actor_options(config: RunConfig, options: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Bringing up what a run needs: Ray, Serve's HTTP proxy, and the policy application.
 
-Environments are deployed by the engine when a task first needs them; the policy is
-deployed here because every episode needs it from the first call.
+Environments are deployed by the engine when a task first needs them (``deploy``); the
+policy is deployed here because every episode needs it from the first call. Its kind is
+found by name (``rayrollout.policy.kinds``), so nothing here imports a deployment by name.
 """
 
 from __future__ import annotations
@@ -13,12 +14,19 @@ import ray
 from ray import serve
 
 from rayrollout.data.config import RunConfig
-from rayrollout.engine.placement import policy_actor_options
+from rayrollout.errors import InputError
+from rayrollout.policy.kinds import policy_kind
 
-__all__ = ["PolicyEndpointError", "deploy_policy", "ensure_ray", "ensure_serve", "policy_app_name"]
+__all__ = [
+    "PolicyEndpointError",
+    "deploy_policy",
+    "ensure_ray",
+    "ensure_serve",
+    "policy_app_name",
+]
 
 
-class PolicyEndpointError(ValueError):
+class PolicyEndpointError(InputError, ValueError):
     """The config names no usable policy endpoint."""
 
 
@@ -54,65 +62,26 @@ def policy_app_name(namespace: str) -> str:
 
 
 def deploy_policy(config: RunConfig) -> str:
-    """Deploy the policy the config asks for (scripted, vLLM) and return its base URL."""
-    policy = config.policy
-    if policy.kind == "openai":
-        if not policy.base_url:
-            raise PolicyEndpointError(
-                "policy kind 'openai' needs a base URL: pass --base-url URL (and --model NAME)"
-            )
-        return policy.base_url
-    if policy.kind == "vllm":
-        return _deploy_vllm(config)
-    from rayrollout.deployments.scripted import scripted_policy_app
+    """Deploy the policy the config asks for and return its OpenAI base URL.
 
-    ensure_serve(config)
-    route = f"/{config.namespace}/policy"
-    app = scripted_policy_app(
-        replicas=policy.scripted.replicas,
-        latency_s=policy.scripted.latency_s,
-        model=policy.model,
-        ray_actor_options=policy_actor_options(config, {"num_cpus": 0.1}),
-    )
-    serve.run(app, name=policy_app_name(config.namespace), route_prefix=route)
-    return f"http://127.0.0.1:{config.ray.serve_port}{route}/v1"
-
-
-def _deploy_vllm(config: RunConfig) -> str:
-    """Deploy vLLM on Ray Serve LLM from policy.vllm_config; return its OpenAI base URL.
-
-    The deployment file's ``client`` block and the served model fill every policy setting
-    the run's config left unset (model name, tokenizer, token-ids mode, tool choice).
+    The kind (``policy.kind``) is found by name (``rayrollout.policy.kinds``): a deployed
+    kind (scripted, vLLM) is run on Serve here; an external server (``openai``) is used at
+    ``policy.base_url``.
     """
     policy = config.policy
-    if not policy.vllm_config:
-        raise PolicyEndpointError(
-            "policy kind 'vllm' needs a deployment file: pass --policy-config "
-            "deployments/vllm/cpu.yaml (or set policy.vllm_config)"
-        )
-    from rayrollout.deployments.vllm.app import (
-        build_vllm_app,
-        load_vllm_config,
-        resolve_model_source,
-    )
-
     try:
-        deployment = load_vllm_config(policy.vllm_config)
-        source = resolve_model_source(deployment)
-    except (ValueError, RuntimeError) as exc:
+        kind = policy_kind(policy.kind)
+        app = kind.build_app(config) if kind.build_app is not None else None
+    except (ValueError, RuntimeError) as exc:  # a deployment file missing, wrong, unreadable
         raise PolicyEndpointError(str(exc)) from None
-    defaults = {
-        "model": deployment.model_id,
-        "tokenizer": source,
-        "prompt_mode": "token_ids",
-        "return_token_ids": True,
-        **deployment.client,
-    }
-    for name, value in defaults.items():
-        if name not in policy.model_fields_set:
-            setattr(policy, name, value)
+    if app is None:
+        if not policy.base_url:
+            raise PolicyEndpointError(
+                f"policy kind '{policy.kind}' needs a base URL: pass --base-url URL "
+                "(and --model NAME)"
+            )
+        return policy.base_url
     ensure_serve(config)
     route = f"/{config.namespace}/policy"
-    app = build_vllm_app(deployment.model_copy(update={"model_source": source}))
     serve.run(app, name=policy_app_name(config.namespace), route_prefix=route)
     return f"http://127.0.0.1:{config.ray.serve_port}{route}/v1"

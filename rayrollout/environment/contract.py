@@ -36,9 +36,11 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Literal, TypeVar, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from rayrollout.data.schema import Message, Task, ToolCall
+from rayrollout.environment.tool_args import ToolCallRejected, parse_arguments, unknown_tool
+from rayrollout.errors import EnvironmentBoundaryError
 
 __all__ = [
     "Environment",
@@ -54,7 +56,7 @@ Hosting = Literal["inline", "serve"]
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 
-class ToolError(Exception):
+class ToolError(EnvironmentBoundaryError):
     """A tool problem the model is told about (the episode goes on)."""
 
 
@@ -94,7 +96,8 @@ class Episode(BaseModel):
 
 def tool(fn: F) -> F:
     """Mark an ``async def`` method of an ``Environment`` as a tool the model can call."""
-    if not inspect.iscoroutinefunction(fn):
+    is_async = inspect.iscoroutinefunction(fn)  # a bool: narrowing ``fn`` would lose ``F``
+    if not is_async:
         raise TypeError(
             f"@tool {fn.__qualname__} must be 'async def' (wrap sync code in asyncio.to_thread)"
         )
@@ -155,7 +158,11 @@ class Environment:
     """Base class of every environment. One instance runs one episode.
 
     Class attributes:
-        name: The registry name tasks use in their ``environment`` field.
+        name: A label only. The environment's name is the one it is registered under (its
+            entry point, its key under the config's ``environments``, or its
+            ``"module:Class"`` path): tasks name that one, and hosting, sessions and config
+            settings are all looked up by it, never by this attribute, so one class can run
+            under two names with different constructor ``args``.
         default_hosting: Where it runs unless the config says otherwise: ``"inline"`` in the
             agent actors (zero hops; light, non-blocking tools) or ``"serve"`` on Ray Serve
             replicas (CPU-heavy or isolated tools).
@@ -166,6 +173,8 @@ class Environment:
     _tool_specs: ClassVar[dict[str, _ToolSpec]]
 
     def __init__(self, task: Task) -> None:
+        """One episode's instance. A subclass may take keyword arguments after ``task``: the
+        config's ``environments.NAME.args`` are passed to them wherever it is built."""
         self.task = task
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -184,7 +193,9 @@ class Environment:
 
     async def verify(self, episode: Episode) -> Verification:
         """Score the finished episode."""
-        raise NotImplementedError(f"environment '{self.name}' must define 'async def verify'")
+        raise NotImplementedError(
+            f"environment {type(self).__qualname__} must define 'async def verify'"
+        )
 
     @classmethod
     def tool_schemas(cls) -> list[dict[str, Any]]:
@@ -199,42 +210,14 @@ class Environment:
     async def call_tool(self, name: str, arguments: str) -> ToolResult:
         """Run one tool call from the model; model mistakes come back as error results."""
         spec = self._tool_specs.get(name)
-        if spec is None:
-            known = ", ".join(sorted(self._tool_specs)) or "none"
-            return ToolResult(
-                content=f"Error: unknown tool '{name}'. Available tools: {known}.", is_error=True
-            )
         try:
-            raw = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError as exc:
-            return ToolResult(
-                content=f"Error: arguments of '{name}' are not valid JSON ({exc.msg} at "
-                f"position {exc.pos}): {arguments[:200]!r}",
-                is_error=True,
-            )
-        except RecursionError:
-            return ToolResult(
-                content=f"Error: arguments of '{name}' are nested too deeply to read: "
-                f"{arguments[:200]!r}",
-                is_error=True,
-            )
-        if not isinstance(raw, dict):
-            return ToolResult(
-                content=f"Error: arguments of '{name}' must be a JSON object, "
-                f"got {arguments[:200]!r}",
-                is_error=True,
-            )
+            if spec is None:
+                raise unknown_tool(name, self._tool_specs)
+            args = parse_arguments(name, arguments, spec.arguments)
+        except ToolCallRejected as exc:
+            return ToolResult(content=str(exc), is_error=True)
         try:
-            args = spec.arguments.model_validate(raw)
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors()
-            )
-            return ToolResult(
-                content=f"Error: invalid arguments for '{name}': {problems}", is_error=True
-            )
-        try:
-            value = await getattr(self, name)(**dict(args))
+            value = await getattr(self, name)(**args)
         except ToolError as exc:
             return ToolResult(content=f"Error: {exc}", is_error=True)
         if isinstance(value, str):

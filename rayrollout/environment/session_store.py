@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from rayrollout.environment import Environment
+from rayrollout.errors import EnvironmentBoundaryError
 
 __all__ = ["SessionNotOpen", "SessionStore"]
 
@@ -26,7 +27,7 @@ logger = logging.getLogger(__name__)
 _EXPIRED_REMEMBERED = 10_000  # expired ids kept to say "expired" rather than "unknown"
 
 
-class SessionNotOpen(LookupError):
+class SessionNotOpen(EnvironmentBoundaryError, LookupError):
     """A replica holds no state for the episode: it was closed, expired, or the replica
     restarted."""
 

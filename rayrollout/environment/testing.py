@@ -17,12 +17,14 @@ run with pytest in a child process.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -30,11 +32,18 @@ from rayrollout.data.schema import Message
 from rayrollout.data.tasks import InvalidTaskError, parse_task_row
 from rayrollout.environment import Environment, Episode
 
+if TYPE_CHECKING:
+    from rayrollout.data.schema import Task
+    from rayrollout.environment.sessions import EnvSession
+
+Result = TypeVar("Result")
+
 __all__ = [
     "CASES_FILE",
     "CaseResult",
     "VerifierCase",
     "environment_folder",
+    "play_in_both_hostings",
     "read_cases",
     "run_case",
     "run_tool_tests",
@@ -99,15 +108,35 @@ def read_cases(path: Path) -> list[tuple[int, VerifierCase]]:
     return cases
 
 
-async def run_case(env_cls: type[Environment], case: VerifierCase, line: int = 0) -> CaseResult:
-    """Play one case inline and compare its reward; failures of any kind are in ``error``."""
+async def run_case(
+    env_cls: type[Environment],
+    case: VerifierCase,
+    line: int = 0,
+    *,
+    name: str | None = None,
+    args: dict[str, Any] | None = None,
+) -> CaseResult:
+    """Play one case inline and compare its reward; failures of any kind are in ``error``.
+
+    ``name`` is the environment's registered name (the case rows' default environment;
+    the class's ``name`` label if not given) and ``args`` its constructor's keyword
+    arguments (the config's ``environments.NAME.args``), as a run would build it.
+    """
     result = CaseResult(name=case.name, line=line, expected=case.expected_reward)
     try:
-        task = parse_task_row(case.task, default_environment=env_cls.name, source=CASES_FILE)
+        task = parse_task_row(
+            case.task, default_environment=name or env_cls.name, source=CASES_FILE
+        )
     except InvalidTaskError as exc:
         result.error = f"bad task row: {exc}"
         return result
-    env = env_cls(task)
+    try:
+        env = env_cls(task, **(args or {}))
+    except Exception as exc:
+        result.error = (
+            f"building {env_cls.__name__}(task, **args) raised {type(exc).__name__}: {exc}"
+        )
+        return result
     messages: list[Message] = list(task.prompt)
     try:
         await env.setup()
@@ -153,3 +182,42 @@ def run_tool_tests(env_cls: type[Environment], extra_args: list[str] | None = No
         return 0
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)]
     return subprocess.run(command + (extra_args or []), check=False).returncode
+
+
+async def play_in_both_hostings(
+    env_cls: type[Environment],
+    task: Task,
+    play: Callable[[EnvSession], Awaitable[Result]],
+    replicas: int = 2,
+) -> tuple[Result, Result]:
+    """``play`` on an inline session, then on a Serve deployment of ``env_cls``; both results.
+
+    Each session is set up and closed around ``play`` as an agent's episode is, so an
+    environment's test shows in one call that the two hostings answer alike. The app runs
+    on two replicas (a stateful session must stay on one) and is deleted afterwards; Serve
+    must be running. Serve is imported here, not at the top: ``rayrollout env test`` needs
+    none.
+    """
+    from ray import serve
+
+    from rayrollout.environment.server import environment_app
+    from rayrollout.environment.sessions import InlineSession, ServeSession
+
+    name = f"test-{env_cls.name}"
+    app = environment_app(f"{env_cls.__module__}:{env_cls.__qualname__}", num_replicas=replicas)
+    # serve.run and serve.delete block until done: off the event loop the test runs on.
+    handle = await asyncio.to_thread(serve.run, app, name=name, route_prefix=None)
+    results = []
+    try:
+        for session in (
+            InlineSession(env_cls, task),
+            ServeSession(handle, env_cls.is_stateful(), "episode-1", task),
+        ):
+            await session.setup()
+            try:
+                results.append(await play(session))
+            finally:
+                await session.close()
+    finally:
+        await asyncio.to_thread(serve.delete, name)
+    return results[0], results[1]

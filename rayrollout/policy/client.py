@@ -16,7 +16,7 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import openai
 
@@ -27,6 +27,7 @@ from rayrollout.data.convert import (
     responses_output_to_message,
 )
 from rayrollout.data.schema import FunctionCall, Message, SamplingParams, ToolCall, Turn
+from rayrollout.errors import PolicyBoundaryError
 from rayrollout.policy.http import (
     HttpStatusError,
     HttpTimeout,
@@ -42,10 +43,13 @@ from rayrollout.policy.tokens import (
     tool_call_structural_tag,
 )
 
+if TYPE_CHECKING:  # the gate imports this module's errors and reply
+    from rayrollout.policy.gate import PolicyGate
+
 __all__ = ["PolicyClient", "PolicyError", "PolicyReply", "PolicyTimeout"]
 
 
-class PolicyError(RuntimeError):
+class PolicyError(PolicyBoundaryError, RuntimeError):
     """The policy server failed (after retries) or answered something unusable."""
 
 
@@ -59,11 +63,34 @@ class PolicyReply:
     turn: Turn
 
 
-class PolicyClient:
-    """Calls one policy endpoint for many concurrent episodes."""
+@dataclass(slots=True)
+class _Call:
+    """One model call's inputs as ``complete`` resolved them: what every backend reads."""
 
-    def __init__(self, config: PolicyConfig, base_url: str, max_connections: int = 1000) -> None:
+    messages: list[Message]
+    tools: list[dict[str, Any]]
+    sampling: SamplingParams | None
+    headers: dict[str, str] | None
+    history: list[Turn]
+    tool_choice: str
+
+
+class PolicyClient:
+    """Calls one policy endpoint for many concurrent episodes.
+
+    With a ``gate`` (an agent's ``PolicyGate``) every call passes it: held while the engine
+    pauses for a weight update, its turn stamped with the version it went out under.
+    """
+
+    def __init__(
+        self,
+        config: PolicyConfig,
+        base_url: str,
+        max_connections: int = 1000,
+        gate: PolicyGate | None = None,
+    ) -> None:
         self.config = config
+        self.gate = gate
         self.base_url = base_url
         self.max_connections = max_connections
         self.api_key = os.environ.get(config.api_key_env) or "not-needed"
@@ -129,18 +156,23 @@ class PolicyClient:
         ``history`` (the episode's earlier turns) gives ``prompt_mode: token_ids`` the kept
         ids; ``last_turn`` switches ``tool_choice: required`` to ``last_turn_tool_choice``.
         """
-        started = time.time()
-        headers = {"x-session-id": session_id} if session_id else None
         tool_choice = self.config.tool_choice
         if tool_choice == "required" and last_turn:
             tool_choice = self.config.last_turn_tool_choice
+        headers = {"x-session-id": session_id} if session_id else None
+        call = _Call(messages, tools, sampling, headers, history or [], tool_choice)
+        if self.gate is None:
+            return await self._complete(call)
+        return await self.gate.call(session_id or "", call.history, lambda: self._complete(call))
+
+    async def _complete(self, call: _Call) -> PolicyReply:
+        """The call and its retries of unusable answers, timed."""
+        started = time.time()
         # An answer that is not JSON, or not shaped like one, is retried like a 5xx (the
         # openai client retries only transport failures), with the same max_retries limit.
         for attempt in range(self.config.max_retries + 1):
             try:
-                message, turn = await self._call(
-                    messages, tools, sampling, headers, history or [], tool_choice
-                )
+                message, turn = await self._call(call)
                 break
             except _UnusableAnswer as exc:
                 if attempt >= self.config.max_retries:
@@ -152,24 +184,14 @@ class PolicyClient:
         turn.seconds = time.time() - started
         return PolicyReply(message, turn)
 
-    async def _call(
-        self,
-        messages: list[Message],
-        tools: list[dict[str, Any]],
-        sampling: SamplingParams | None,
-        headers: dict[str, str] | None,
-        history: list[Turn],
-        tool_choice: str,
-    ) -> tuple[Message, Turn]:
+    async def _call(self, call: _Call) -> tuple[Message, Turn]:
         """One request (the openai client's own retries included), errors as policy errors."""
         try:
             if self.config.prompt_mode == "token_ids":
-                return await self._token_ids(
-                    messages, tools, sampling, headers, history, tool_choice
-                )
+                return await self._token_ids(call)
             if self.config.api == "responses":
-                return await self._responses(messages, tools, sampling, headers, tool_choice)
-            return await self._chat(messages, tools, sampling, headers, tool_choice)
+                return await self._responses(call)
+            return await self._chat(call)
         except TemplateError as exc:
             raise PolicyError(str(exc)) from exc
         except (HttpTimeout, openai.APITimeoutError) as exc:
@@ -202,55 +224,41 @@ class PolicyClient:
                 f"{type(exc).__name__}: {self._brief(str(exc))}"
             ) from exc
 
-    async def _chat(
-        self,
-        messages: list[Message],
-        tools: list[dict[str, Any]],
-        sampling: SamplingParams | None,
-        headers: dict[str, str] | None,
-        tool_choice: str,
-    ) -> tuple[Message, Turn]:
+    async def _chat(self, call: _Call) -> tuple[Message, Turn]:
         cfg = self.config
         request: dict[str, Any] = {
             "model": cfg.model,
-            "messages": [m.to_openai() for m in messages],
-            **self._sampling(sampling),
+            "messages": [m.to_openai() for m in call.messages],
+            **self._sampling(call.sampling),
         }
-        if tools:
-            request["tools"] = tools
-            request["tool_choice"] = tool_choice
-            if tool_choice == "required":  # one call per turn; several loop on weak models
+        if call.tools:
+            request["tools"] = call.tools
+            request["tool_choice"] = call.tool_choice
+            if call.tool_choice == "required":  # one call per turn; several loop on weak models
                 request["parallel_tool_calls"] = False
         extra_body = dict(cfg.extra_body)
         if cfg.return_token_ids:
             request["logprobs"] = True
             extra_body["return_token_ids"] = True
-        body = await self.http.post("/chat/completions", {**request, **extra_body}, headers)
+        body = await self.http.post("/chat/completions", {**request, **extra_body}, call.headers)
         return _chat_reply(body, self.base_url)
 
-    async def _responses(
-        self,
-        messages: list[Message],
-        tools: list[dict[str, Any]],
-        sampling: SamplingParams | None,
-        headers: dict[str, str] | None,
-        tool_choice: str,
-    ) -> tuple[Message, Turn]:
+    async def _responses(self, call: _Call) -> tuple[Message, Turn]:
         cfg = self.config
-        params = self._sampling(sampling)
+        params = self._sampling(call.sampling)
         if "max_tokens" in params:
             params["max_output_tokens"] = params.pop("max_tokens")
         params.pop("seed", None)
         request: dict[str, Any] = {
             "model": cfg.model,
-            "input": messages_to_responses_input(messages),
+            "input": messages_to_responses_input(call.messages),
             **params,
         }
-        if tools:
-            request["tools"] = chat_tools_to_responses(tools)
-            request["tool_choice"] = tool_choice
+        if call.tools:
+            request["tools"] = chat_tools_to_responses(call.tools)
+            request["tool_choice"] = call.tool_choice
         response = await self.openai_client.responses.create(
-            **request, extra_body=cfg.extra_body or None, extra_headers=headers
+            **request, extra_body=cfg.extra_body or None, extra_headers=call.headers
         )
         output = [item.model_dump() for item in response.output]
         message = responses_output_to_message(output)
@@ -262,46 +270,38 @@ class PolicyClient:
         )
         return message, turn
 
-    async def _token_ids(
-        self,
-        messages: list[Message],
-        tools: list[dict[str, Any]],
-        sampling: SamplingParams | None,
-        headers: dict[str, str] | None,
-        history: list[Turn],
-        tool_choice: str,
-    ) -> tuple[Message, Turn]:
+    async def _token_ids(self, call: _Call) -> tuple[Message, Turn]:
         """Token-in, token-out: send kept ids + rendered new messages to /v1/completions."""
         cfg = self.config
-        openai_messages = [m.to_openai() for m in messages]
-        last = history[-1] if history else None
+        openai_messages = [m.to_openai() for m in call.messages]
+        last = call.history[-1] if call.history else None
         if last is not None and last.prompt_token_ids:
             # Only the messages after the last assistant turn are new (tool results).
-            start = max(i for i, m in enumerate(messages) if m.role == "assistant") + 1
+            start = max(i for i, m in enumerate(call.messages) if m.role == "assistant") + 1
             delta = await self._renderer.delta(
-                openai_messages[start:], tools, last.completion_token_ids
+                openai_messages[start:], call.tools, last.completion_token_ids
             )
             prompt_ids = last.prompt_token_ids + last.completion_token_ids + delta
         else:
-            prompt_ids = await self._renderer.prompt(openai_messages, tools)
+            prompt_ids = await self._renderer.prompt(openai_messages, call.tools)
         body: dict[str, Any] = {
             "model": cfg.model,
             "prompt": prompt_ids,
-            **self._sampling(sampling),
+            **self._sampling(call.sampling),
             **cfg.extra_body,
             "logprobs": 0,  # the sampled token's own logprob
             "return_token_ids": True,
         }
         body.pop("chat_template_kwargs", None)  # used for rendering, not by /completions
-        if tools and tool_choice == "required":
-            body["response_format"] = tool_call_structural_tag(tools)
-        answer = await self.http.post("/completions", body, headers)
+        if call.tools and call.tool_choice == "required":
+            body["response_format"] = tool_call_structural_tag(call.tools)
+        answer = await self.http.post("/completions", body, call.headers)
         choices = answer.get("choices")
         if not choices:
             raise _UnusableAnswer(f"policy server {self.base_url} returned no choices")
         choice = choices[0]
         text = choice.get("text") or ""
-        if tools and tool_choice != "none":
+        if call.tools and call.tool_choice != "none":
             content, calls = parse_hermes_tool_calls(text)
         else:
             content, calls = text, []

@@ -1,7 +1,8 @@
 """Model calls gated by the policy's weight version: pause, resume, abort and retry, staleness.
 
 Every agent holds one ``PolicyGate``, and every model call of its episodes passes through it
-(``GatedPolicy.complete``, a drop-in for ``PolicyClient`` in the episode loop). While the
+(the agent's ``PolicyClient`` is built with ``gate=``, so the episode loop sees one client
+kind whether or not a gate is in the way). While the
 gate is closed (the engine paused for a weight update) no new call starts. Calls already in
 flight follow the pause mode:
 
@@ -23,11 +24,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
-from rayrollout.data.config import PolicyConfig
-from rayrollout.data.schema import Message, SamplingParams, Turn
-from rayrollout.policy.client import PolicyClient, PolicyError, PolicyReply
+from rayrollout.data.schema import Turn
+from rayrollout.policy.client import PolicyError, PolicyReply
 
-__all__ = ["GatedPolicy", "PauseMode", "PolicyGate", "StaleEpisode"]
+__all__ = ["PauseMode", "PolicyGate", "StaleEpisode"]
 
 PauseMode = Literal["wait", "abort_and_retry", "continue"]
 PAUSE_MODES: tuple[str, ...] = ("wait", "abort_and_retry", "continue")
@@ -135,34 +135,3 @@ class PolicyGate:
                     self.idle.set()
             reply.turn.policy_version = version
             return reply
-
-
-class GatedPolicy:
-    """A ``PolicyClient`` whose calls pass through a ``PolicyGate`` (same ``complete``)."""
-
-    def __init__(self, client: PolicyClient, gate: PolicyGate) -> None:
-        self.client = client
-        self.gate = gate
-
-    @property
-    def config(self) -> PolicyConfig:
-        return self.client.config
-
-    async def close(self) -> None:
-        await self.client.close()
-
-    async def complete(
-        self,
-        messages: list[Message],
-        tools: list[dict[str, Any]],
-        sampling: SamplingParams | None = None,
-        session_id: str | None = None,
-        history: list[Turn] | None = None,
-        last_turn: bool = False,
-    ) -> PolicyReply:
-        """``PolicyClient.complete`` once the gate lets the call out; see the module doc."""
-        return await self.gate.call(
-            session_id or "",
-            history or [],
-            lambda: self.client.complete(messages, tools, sampling, session_id, history, last_turn),
-        )

@@ -19,12 +19,14 @@ from typing import Any
 import aiohttp
 import orjson
 
+from rayrollout.errors import PolicyBoundaryError
+
 __all__ = ["HttpStatusError", "HttpTimeout", "HttpTransportError", "PolicyHttp"]
 
 _RETRIED_STATUSES = frozenset({408, 409, 429})
 
 
-class HttpStatusError(Exception):
+class HttpStatusError(PolicyBoundaryError):
     """The server answered an HTTP error status (after retries, where retried)."""
 
     def __init__(self, status: int, message: str) -> None:
@@ -32,11 +34,11 @@ class HttpStatusError(Exception):
         self.status, self.message = status, message
 
 
-class HttpTimeout(Exception):
+class HttpTimeout(PolicyBoundaryError):
     """No answer within the timeout, on every try."""
 
 
-class HttpTransportError(Exception):
+class HttpTransportError(PolicyBoundaryError):
     """The connection failed on every try (refused, reset, DNS)."""
 
 

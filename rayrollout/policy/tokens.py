@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rayrollout.data.schema import FunctionCall, ToolCall
+from rayrollout.errors import PolicyBoundaryError
 
 __all__ = [
     "DeltaRenderer",
@@ -81,7 +82,7 @@ def chat_template_tokenizer(name_or_path: str) -> Tokenize:
     return tokenize
 
 
-class TemplateError(ValueError):
+class TemplateError(PolicyBoundaryError, ValueError):
     """The chat template cannot give exact token deltas (it is not append-only)."""
 
 

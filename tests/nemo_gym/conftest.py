@@ -8,10 +8,15 @@ A missing NeMo Gym venv is an error, not a skip: a tier that ran nothing must no
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 from ngrun import NG_SRC, NG_VENV
+
+# tests/ itself: this tier's files use the default tier's helper modules (``trajectories``),
+# and pytest puts only this folder on the path when the tier runs alone.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

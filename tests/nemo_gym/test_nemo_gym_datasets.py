@@ -17,10 +17,11 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from trajectories import unplayed
 
+from rayrollout.data.responses import seed_body
 from rayrollout.data.schema import Trajectory, trajectory_arrow_schema
 from rayrollout.data.tasks import UNSUPPORTED, InvalidTaskError, iter_task_rows, parse_task_row
-from rayrollout.environment.nemo_gym.client import seed_body
 
 # The features rayrollout refuses, as each refusal names them after "UNSUPPORTED: ".
 RUN_TIME_FIRST_OBSERVATION = "a first observation made at run time"
@@ -105,16 +106,7 @@ def test_every_example_dataset_is_read_or_refused_for_a_named_feature(ng_src, tm
                 problems.append(f"{name}: task.fields is not the row: {sorted(task.fields)}")
             if flat and seed_body(task) != row:
                 problems.append(f"{name}: /seed_session would not get the row as it is")
-            trajectories.append(
-                Trajectory(
-                    task_id=task.task_id,
-                    sample_index=0,
-                    group_id=task.task_id,
-                    environment=task.environment,
-                    messages=task.prompt,
-                    task_fields=task.fields,
-                )
-            )
+            trajectories.append(unplayed(task))
     counts = collections.Counter(outcomes.values())
     print(f"\nNeMo Gym 0.7.0 example datasets: {len(files)} files, {rows_read} rows read")
     for outcome, count in sorted(counts.items()):

@@ -11,7 +11,7 @@ from rayrollout.data.config import AgentConfig, PolicyConfig
 from rayrollout.data.schema import Task
 from rayrollout.data.tasks import read_tasks
 from rayrollout.engine.episode import EpisodeSpec, run_episode
-from rayrollout.environment.hosting import InlineSession
+from rayrollout.environment.sessions import InlineSession
 from rayrollout.policy.client import PolicyClient
 
 HERE = Path(__file__).resolve().parents[1]

@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ray import serve
-from ray.serve.handle import DeploymentHandle
 from rayrollout.environments.code.env import CodeEnv, extract_code
 from rayrollout.environments.code.sandbox import run_sandboxed
 
 from rayrollout.data.schema import FunctionCall, Message, Task, ToolCall
 from rayrollout.data.tasks import read_tasks
 from rayrollout.environment import Episode, ToolResult, Verification
-from rayrollout.environment.hosting import EnvSession, InlineSession, ServeSession, environment_app
+from rayrollout.environment.sessions import EnvSession
+from rayrollout.environment.testing import play_in_both_hostings
 
 HERE = Path(__file__).resolve().parents[1]
 TASK = Task(
@@ -184,30 +182,16 @@ async def test_every_example_task_is_solved_by_the_function_its_prompt_describes
         assert verification.reward == 1.0, (task.task_id, verification.details)
 
 
-async def run_small_episode(session: EnvSession) -> tuple[ToolResult, Verification]:
-    await session.setup()
-    try:
-        result = await session.call_tool(
-            "run_python", json.dumps({"code": SOLUTION + "print(square(3))"})
-        )
-        verification = await session.verify(episode(f"```python\n{SOLUTION}```"))
-    finally:
-        await session.close()
-    return result, verification
-
-
-@pytest.fixture(scope="module")
-def code_app(serve_session: int) -> Iterator[DeploymentHandle]:
-    app = environment_app("rayrollout.environments.code.env:CodeEnv", num_replicas=2)
-    yield serve.run(app, name="test-code", route_prefix=None)
-    serve.delete("test-code")
-
-
-async def test_inline_and_serve_hosting_give_the_same_results(code_app: DeploymentHandle):
-    inline = await run_small_episode(InlineSession(CodeEnv, TASK))
-    served = await run_small_episode(
-        ServeSession(code_app, CodeEnv.is_stateful(), "episode-1", TASK)
+async def play_small_episode(session: EnvSession) -> tuple[ToolResult, Verification]:
+    result = await session.call_tool(
+        "run_python", json.dumps({"code": SOLUTION + "print(square(3))"})
     )
+    return result, await session.verify(episode(f"```python\n{SOLUTION}```"))
+
+
+@pytest.mark.usefixtures("serve_session")
+async def test_inline_and_serve_hosting_give_the_same_results():
+    inline, served = await play_in_both_hostings(CodeEnv, TASK, play_small_episode)
     assert served == inline
     assert inline[0].content == "exit code 0\nstdout:\n9\n\nstderr:\n"
     assert inline[1].reward == 1.0

@@ -6,18 +6,16 @@ import asyncio
 import json
 import re
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ray import serve
-from ray.serve.handle import DeploymentHandle
 from rayrollout.environments.math.env import MathEnv
 
 from rayrollout.data.schema import FunctionCall, Message, Task, ToolCall
 from rayrollout.data.tasks import parse_task_row, read_tasks
 from rayrollout.environment import Episode, ToolResult, Verification
-from rayrollout.environment.hosting import EnvSession, InlineSession, ServeSession, environment_app
+from rayrollout.environment.sessions import EnvSession
+from rayrollout.environment.testing import play_in_both_hostings
 
 HERE = Path(__file__).resolve().parents[1]
 TASK = Task(
@@ -209,28 +207,14 @@ async def test_every_example_task_is_solved_by_its_calculator_result():
         assert (await MathEnv(task).verify(episode(answer, task))).reward == 1.0
 
 
-async def run_small_episode(session: EnvSession) -> tuple[ToolResult, Verification]:
-    await session.setup()
-    try:
-        result = await session.call_tool("calculator", '{"expression": "12 * (3 + 4)"}')
-        verification = await session.verify(episode(f"The answer is \\boxed{{{result.content}}}."))
-    finally:
-        await session.close()
-    return result, verification
+async def play_small_episode(session: EnvSession) -> tuple[ToolResult, Verification]:
+    result = await session.call_tool("calculator", '{"expression": "12 * (3 + 4)"}')
+    return result, await session.verify(episode(f"The answer is \\boxed{{{result.content}}}."))
 
 
-@pytest.fixture(scope="module")
-def math_app(serve_session: int) -> Iterator[DeploymentHandle]:
-    app = environment_app("rayrollout.environments.math.env:MathEnv", num_replicas=2)
-    yield serve.run(app, name="test-math", route_prefix=None)
-    serve.delete("test-math")
-
-
-async def test_inline_and_serve_hosting_give_the_same_results(math_app: DeploymentHandle):
-    inline = await run_small_episode(InlineSession(MathEnv, TASK))
-    served = await run_small_episode(
-        ServeSession(math_app, MathEnv.is_stateful(), "episode-1", TASK)
-    )
+@pytest.mark.usefixtures("serve_session")
+async def test_inline_and_serve_hosting_give_the_same_results():
+    inline, served = await play_in_both_hostings(MathEnv, TASK, play_small_episode)
     assert served == inline
     assert inline == (
         ToolResult(content="84"),

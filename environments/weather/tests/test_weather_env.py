@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ray import serve
-from ray.serve.handle import DeploymentHandle
 from rayrollout.environments.weather.env import WeatherEnv
 
 from rayrollout.data.schema import FunctionCall, Message, Task, ToolCall
 from rayrollout.data.tasks import read_tasks
 from rayrollout.environment import Episode, ToolResult, Verification
-from rayrollout.environment.hosting import EnvSession, InlineSession, ServeSession, environment_app
+from rayrollout.environment.sessions import EnvSession
+from rayrollout.environment.testing import play_in_both_hostings
 
 HERE = Path(__file__).resolve().parents[1]
 TASK = Task(
@@ -141,30 +139,15 @@ def test_example_tasks_load_in_both_row_formats():
         assert offered["parameters"]["required"] == served["parameters"]["required"]
 
 
-async def run_small_episode(session: EnvSession) -> tuple[ToolResult, Verification]:
-    await session.setup()
-    try:
-        result = await session.call_tool("get_weather", '{"city": "New York"}')
-        reply = Message(role="tool", tool_call_id="c1", content=result.content)
-        verification = await session.verify(
-            episode(call("get_weather", {"city": "New York"}), reply, ANSWER)
-        )
-    finally:
-        await session.close()
-    return result, verification
+async def play_small_episode(session: EnvSession) -> tuple[ToolResult, Verification]:
+    result = await session.call_tool("get_weather", '{"city": "New York"}')
+    reply = Message(role="tool", tool_call_id="c1", content=result.content)
+    call_message = call("get_weather", {"city": "New York"})
+    return result, await session.verify(episode(call_message, reply, ANSWER))
 
 
-@pytest.fixture(scope="module")
-def weather_app(serve_session: int) -> Iterator[DeploymentHandle]:
-    app = environment_app("rayrollout.environments.weather.env:WeatherEnv", num_replicas=2)
-    yield serve.run(app, name="test-weather", route_prefix=None)
-    serve.delete("test-weather")
-
-
-async def test_inline_and_serve_hosting_give_the_same_results(weather_app: DeploymentHandle):
-    inline = await run_small_episode(InlineSession(WeatherEnv, TASK))
-    served = await run_small_episode(
-        ServeSession(weather_app, WeatherEnv.is_stateful(), "episode-1", TASK)
-    )
+@pytest.mark.usefixtures("serve_session")
+async def test_inline_and_serve_hosting_give_the_same_results():
+    inline, served = await play_in_both_hostings(WeatherEnv, TASK, play_small_episode)
     assert served == inline
     assert inline[1].reward == 1.0

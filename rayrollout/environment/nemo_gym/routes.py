@@ -1,6 +1,6 @@
 """The NeMo Gym resources-server protocol as HTTP routes of an environment's Serve app.
 
-``EnvironmentServer`` (``hosting.py``) mixes in ``NemoGymRoutes`` and is the ingress of
+``EnvironmentServer`` (``server.py``) mixes in ``NemoGymRoutes`` and is the ingress of
 ``http_app``, so each environment app answers ``POST /seed_session``, ``/<tool>``,
 ``/verify``, ``/close_session``, ``/aggregate_metrics`` (and ``GET /`` describing its tools)
 beside its deployment-handle methods. ``/seed_session`` and ``/close_session`` take both
@@ -27,12 +27,15 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from rayrollout.data.convert import chat_tools_to_responses
+from rayrollout.data.responses import items_to_messages
 from rayrollout.data.schema import Message, Task
 from rayrollout.data.tasks import InvalidTaskError, parse_task_row
 from rayrollout.environment import Environment, Episode, ToolResult, Verification
-from rayrollout.environment.nemo_gym.client import PROTOCOL_ROUTES, items_to_messages
+from rayrollout.environment.nemo_gym.client import PROTOCOL_ROUTES
 from rayrollout.environment.nemo_gym.metrics import aggregate_metrics
 from rayrollout.environment.serve_batching import raised_on_replica
+from rayrollout.environment.tool_args import unknown_tool
+from rayrollout.errors import EnvironmentBoundaryError
 
 __all__ = ["SESSION_COOKIE", "NemoGymRoutes", "http_app"]
 
@@ -40,7 +43,7 @@ SESSION_COOKIE = "rayrollout_session"
 http_app = FastAPI(title="rayrollout environment: NeMo Gym resources-server protocol")
 
 
-class _HttpError(Exception):
+class _HttpError(EnvironmentBoundaryError):
     """An HTTP request that cannot be served: its status and a message saying how to fix it."""
 
     def __init__(self, status: int, message: str) -> None:
@@ -128,6 +131,7 @@ class NemoGymRoutes:
     """HTTP routes of NeMo Gym's protocol, forwarding to ``EnvironmentServer``'s methods."""
 
     env_cls: type[Environment]
+    env_name: str  # the registered name: the default environment of rows that name none
     self_handle: DeploymentHandle | None = None
     route_locally: bool = False
 
@@ -150,7 +154,7 @@ class NemoGymRoutes:
     async def http_describe(self) -> dict[str, Any]:
         """The environment's name and tools (Responses-API function form, ``strict`` set)."""
         tools = chat_tools_to_responses(self.env_cls.tool_schemas())
-        return {"environment": self.env_cls.name, "tools": tools}
+        return {"environment": self.env_name, "tools": tools}
 
     @http_app.post("/seed_session")
     async def http_seed_session(self, request: Request) -> Response:
@@ -166,9 +170,9 @@ class NemoGymRoutes:
                         "a seed with 'resources_session_id' (a string) needs 'task_data': the "
                         "task row as an object",
                     )
-                task = _task_from_row(row, self.env_cls.name)
+                task = _task_from_row(row, self.env_name)
             else:
-                task = _task_from_row(body, self.env_cls.name)
+                task = _task_from_row(body, self.env_name)
         except _HttpError as exc:
             return JSONResponse({"detail": str(exc)}, status_code=exc.status)
         key = resources_session_id or _session_key(request) or uuid.uuid4().hex
@@ -189,7 +193,7 @@ class NemoGymRoutes:
             if not isinstance(body.get("response"), dict):
                 raise _HttpError(422, "the body needs 'response': the episode, a Responses object")
             row = {k: v for k, v in body.items() if k != "response"}
-            task = _task_from_row(row, self.env_cls.name)
+            task = _task_from_row(row, self.env_name)
         except _HttpError as exc:
             return JSONResponse({"detail": str(exc)}, status_code=exc.status)
         output = body["response"].get("output") or []
@@ -247,10 +251,8 @@ class NemoGymRoutes:
     async def http_call_tool(self, tool_name: str, request: Request) -> Response:
         """Run one tool call of the session; the body is the tool's JSON arguments."""
         if tool_name in PROTOCOL_ROUTES or tool_name not in self.env_cls._tool_specs:
-            known = ", ".join(sorted(self.env_cls._tool_specs)) or "none"
-            return PlainTextResponse(
-                f"Error: unknown tool '{tool_name}'. Available tools: {known}.", status_code=404
-            )
+            rejected = unknown_tool(tool_name, self.env_cls._tool_specs)
+            return PlainTextResponse(str(rejected), status_code=404)
         key = _session_key(request)
         if key is None:
             return JSONResponse(

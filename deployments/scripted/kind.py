@@ -1,0 +1,39 @@
+"""The scripted policy as a policy kind (``policy.kind: scripted``): its app and its weights.
+
+Registered under the ``rayrollout.policies`` entry point (pyproject.toml); the engine finds
+it by name (``rayrollout.policy.kinds``). A new version changes nothing in a scripted
+policy (a test double for the model's judgement) but the version every turn records.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray import serve
+from rayrollout.deployments.scripted.server import scripted_policy_app
+
+from rayrollout.data.config import RunConfig
+from rayrollout.policy.kinds import FixedWeights, PolicyKind
+
+__all__ = ["SCRIPTED", "ScriptedWeights"]
+
+
+def build_scripted_app(config: RunConfig) -> serve.Application:
+    """The scripted policy's Serve app from ``policy.scripted``, placed on GPU-node roles."""
+    policy = config.policy
+    return scripted_policy_app(
+        replicas=policy.scripted.replicas,
+        latency_s=policy.scripted.latency_s,
+        model=policy.model,
+        ray_actor_options=config.placement.gpu_options({"num_cpus": 0.1}),
+    )
+
+
+class ScriptedWeights(FixedWeights):
+    """Nothing to pause or load: the version moves, the script stays."""
+
+    async def load(self, path: str) -> dict[str, Any]:
+        return {"backend": "scripted", "path": path}
+
+
+SCRIPTED = PolicyKind("scripted", build_scripted_app, lambda config, url: ScriptedWeights())

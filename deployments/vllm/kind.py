@@ -1,0 +1,107 @@
+"""vLLM as a policy kind (``policy.kind: vllm``): its Ray Serve LLM app and its weight updates.
+
+Registered under the ``rayrollout.policies`` entry point (pyproject.toml); the engine finds
+it by name (``rayrollout.policy.kinds``).
+
+Weight updates go over the app's control endpoints (Ray's ``DevIngress``, deployed with
+``control_endpoints: true``): ``POST /pause`` (vLLM's ``pause_generation`` on every replica,
+KV and prefix caches cleared), ``POST /collective_rpc`` of
+``rayrollout_reload_weights(weights_path=...)`` (every worker of every replica reloads the
+checkpoint in place; ``worker.py``), ``POST /resume``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+from rayrollout.deployments.vllm.app import build_vllm_app, load_vllm_config, resolve_model_source
+from rayrollout.deployments.vllm.worker import RELOAD_METHOD
+
+from rayrollout.data.config import RunConfig
+from rayrollout.policy.gate import PauseMode
+from rayrollout.policy.kinds import PolicyKind, WeightUpdateError
+
+__all__ = ["VLLM", "VllmWeights", "build_vllm_policy_app"]
+
+# vLLM's pause_generation mode per rayrollout pause mode: agents have already finished
+# ('wait') or cancelled ('abort_and_retry') their calls; 'continue' freezes the calls left
+# in flight and lets them go on after resume.
+_VLLM_PAUSE = {"wait": "keep", "abort_and_retry": "abort", "continue": "keep"}
+_CONTROL_TIMEOUT_S = 600.0
+
+
+def build_vllm_policy_app(config: RunConfig) -> Any:
+    """vLLM on Ray Serve LLM from ``policy.vllm_config``; a ``serve.Application``.
+
+    The deployment file's ``client`` block and the served model fill every policy setting
+    the run's config left unset (model name, tokenizer, token-ids mode, tool choice).
+    Raises ``ValueError`` naming what is missing or wrong in the file.
+    """
+    policy = config.policy
+    if not policy.vllm_config:
+        raise ValueError(
+            "policy kind 'vllm' needs a deployment file: pass --policy-config "
+            "deployments/vllm/cpu.yaml (or set policy.vllm_config)"
+        )
+    deployment = load_vllm_config(policy.vllm_config)
+    source = resolve_model_source(deployment)
+    defaults = {
+        "model": deployment.model_id,
+        "tokenizer": source,
+        "prompt_mode": "token_ids",
+        "return_token_ids": True,
+        **deployment.client,
+    }
+    for name, value in defaults.items():
+        if name not in policy.model_fields_set:
+            setattr(policy, name, value)
+    return build_vllm_app(deployment.model_copy(update={"model_source": source}))
+
+
+class VllmWeights:
+    """Ray Serve LLM's control endpoints (``DevIngress``), next to the app's ``/v1``."""
+
+    def __init__(self, policy_url: str, model: str) -> None:
+        self.base = policy_url.rstrip("/").removesuffix("/v1")
+        self.model = model
+
+    async def _post(self, route: str, body: dict[str, Any]) -> Any:
+        url = f"{self.base}/{route}"
+        timeout = aiohttp.ClientTimeout(total=_CONTROL_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            async with http.post(url, json={"model": self.model, **body}) as response:
+                text = await response.text()
+                if response.status == 404:
+                    raise WeightUpdateError(
+                        f"POST {url} answered 404: the vLLM app has no control endpoints; "
+                        "deploy it with `control_endpoints: true` in its deployment file "
+                        "(deployments/vllm/)"
+                    )
+                if response.status >= 400:
+                    raise WeightUpdateError(
+                        f"POST {url} answered HTTP {response.status}: {text[:500]}"
+                    )
+                return await response.json() if text else None
+
+    async def pause(self, mode: PauseMode) -> None:
+        await self._post("pause", {"options": {"mode": _VLLM_PAUSE[mode], "clear_cache": True}})
+
+    async def resume(self) -> None:
+        await self._post("resume", {"options": {}})
+
+    async def load(self, path: str) -> dict[str, Any]:
+        answer = await self._post(
+            "collective_rpc",
+            {"method": RELOAD_METHOD, "kwargs": {"weights_path": path}},
+        )
+        results = (answer or {}).get("results") or []
+        if not results:
+            raise WeightUpdateError(f"{RELOAD_METHOD} reached no vLLM replica of '{self.model}'")
+        workers = [w for r in results for w in r.get("worker_results") or []]
+        return {"backend": "vllm", "path": path, "replicas": len(results), "workers": len(workers)}
+
+
+VLLM = PolicyKind(
+    "vllm", build_vllm_policy_app, lambda config, url: VllmWeights(url, config.policy.model)
+)

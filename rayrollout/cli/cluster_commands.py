@@ -1,0 +1,71 @@
+"""``rayrollout up``, ``status`` and ``down``: long-lived services of a namespace, as JSON or
+one line per thing removed. The work is ``rayrollout.api.cluster``'s."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from rayrollout.cli.common import fail, overrides
+from rayrollout.data.config import RunConfig, load_config
+
+__all__ = ["down", "status", "up"]
+
+ConfigFile = Annotated[Path | None, typer.Option("--config", help="YAML config.")]
+Namespace = Annotated[
+    str | None, typer.Option("--namespace", help="Ray namespace (default: the config's).")
+]
+Address = Annotated[
+    str | None,
+    typer.Option(
+        "--address", help="Ray cluster to join (default: RAY_ADDRESS, else the config's)."
+    ),
+]
+
+
+def _cluster_config(
+    config: Path | None, namespace: str | None, address: str | None, join: bool = True
+) -> RunConfig:
+    """The config with the command's flags applied; ``join``: connected to its Ray cluster."""
+    run_config = load_config(config, overrides(namespace=namespace, ray__address=address))
+    if join:
+        from rayrollout.engine.services import ensure_ray
+
+        ensure_ray(run_config)
+    return run_config
+
+
+def up(
+    config: Annotated[Path, typer.Option("--config", help="YAML config of the services.")],
+    namespace: Namespace = None,
+    address: Address = None,
+) -> None:
+    """Start the policy, the environments and a detached engine; collect then attaches to them."""
+    from rayrollout.api.cluster import up as cluster_up
+
+    run_config = _cluster_config(config, namespace, address, join=False)
+    try:
+        state = cluster_up(run_config)
+    except RuntimeError as exc:  # Serve failing to deploy (an existing engine is one too)
+        fail(str(exc), 1)
+    typer.echo(json.dumps(state, indent=2, default=str))
+
+
+def status(config: ConfigFile = None, namespace: Namespace = None, address: Address = None) -> None:
+    """List what is up in the namespace: Serve apps, replicas per node, agents, engine health."""
+    from rayrollout.api.cluster import status as cluster_status
+
+    run_config = _cluster_config(config, namespace, address)
+    typer.echo(json.dumps(cluster_status(run_config.namespace), indent=2, default=str))
+
+
+def down(config: ConfigFile = None, namespace: Namespace = None, address: Address = None) -> None:
+    """Remove the namespace's engine, agents, policy and environment apps."""
+    from rayrollout.api.cluster import down as cluster_down
+
+    run_config = _cluster_config(config, namespace, address)
+    for item in cluster_down(run_config.namespace):
+        typer.echo(f"removed {item}")

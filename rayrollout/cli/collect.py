@@ -1,0 +1,194 @@
+"""``rayrollout collect`` and ``rayrollout demo``: flags to a config, one
+``RolloutEngine.collect``, and what a terminal shows of it (skipped rows, progress, summary).
+
+Checking the tasks, the rejects file, ``--limit`` and ``--resume`` are the API's
+(``rayrollout.api.collect``), so a Python caller gets the same run as this command.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from rayrollout.api.collect import CollectPlan
+from rayrollout.cli.common import console, fail, overrides
+from rayrollout.data.config import ConfigError, RunConfig, load_config
+from rayrollout.data.run_folder import REJECTS_FILE
+
+__all__ = ["collect", "demo", "parse_env_urls", "run_collect"]
+
+
+def run_collect(config: RunConfig) -> dict[str, Any]:
+    """Run ``collect`` for a config, showing progress and the summary; returns the figures."""
+    from rayrollout.api.rollout_engine import RolloutEngine
+    from rayrollout.cli.progress import RunProgress, summary_table
+
+    engine = RolloutEngine(config)
+    progress = RunProgress(console)
+    planned: list[CollectPlan] = []
+
+    def show_plan(plan: CollectPlan) -> None:
+        planned.append(plan)
+        for exc, _ in plan.rejects:
+            console.print(f"[yellow]skipped[/yellow] {escape(str(exc))}", highlight=False)
+        if engine.config.resume:
+            console.print(
+                f"resume: {len(plan.written)} episode(s) already in {engine.config.output.dir}"
+            )
+        console.print(
+            f"policy: {engine.policy_url} ({engine.config.policy.model}); "
+            f"agents: {config.agents.num_agents}; concurrency: {config.concurrency}"
+        )
+        progress.begin(plan.episodes)
+
+    with engine:
+        try:
+            with progress:
+                result = engine.collect(on_plan=show_plan, on_progress=progress.update)
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted:[/yellow] writing finished episodes ...")
+            engine.flush()
+            where = engine.config.output.dir  # an attached engine's, once started
+            console.print(f"finished episodes are in {where}; run again with --resume to complete")
+            raise typer.Exit(130) from None
+    summary = result.summary
+    out_dir, fmt = Path(engine.config.output.dir), engine.config.output.format
+    console.print(summary_table(summary))
+    rejects = len(planned[0].rejects) if planned else 0
+    if rejects:
+        console.print(f"{rejects} invalid row(s) skipped; see {out_dir / REJECTS_FILE}")
+    console.print(
+        f"[green]wrote {summary['rows_written']} trajectories[/green] to {out_dir}/ "
+        f"({fmt}); open with pandas.read_parquet('{out_dir}') or ray.data.read_parquet."
+    )
+    return summary
+
+
+def parse_env_urls(values: list[str], default_name: str | None = None) -> dict[str, dict[str, str]]:
+    """``--env-url NAME=URL`` flags as ``environments: {NAME: {url: URL}}`` overrides.
+
+    A bare ``--env-url URL`` names the ``--env`` environment.
+    """
+    out: dict[str, dict[str, str]] = {}
+    for value in values:
+        if value.startswith(("http://", "https://")):  # bare URL: the --env environment
+            name, sep, url = default_name or "", "=", value
+        else:
+            name, sep, url = value.partition("=")
+        if not sep or not name.strip() or not url.strip():
+            raise ConfigError(
+                f"--env-url {value!r}: expected NAME=URL, e.g. --env-url "
+                "weather=http://127.0.0.1:8001"
+            )
+        out[name.strip()] = {"url": url.strip()}
+    return out
+
+
+def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+# collect's flags, in the order `collect --help` lists them (the demo shares --config).
+_TASKS = typer.Argument(help="Tasks file: JSONL or Parquet rows (rayrollout or NeMo Gym format).")
+_OUT = typer.Option("--out", "-o", help="Output folder of part files.")
+_FORMAT = typer.Option("--format", help="parquet (default) or jsonl.")
+_ENV = typer.Option("--env", help="Environment for rows that name none.")
+_ENV_URL = typer.Option(
+    "--env-url",
+    help="NAME=URL: use the NeMo Gym resources server at URL as environment NAME "
+    "(repeatable); rows name it in 'environment' or via --env NAME.",
+)
+_POLICY = typer.Option("--policy", help="'scripted' (built-in test policy).")
+_BASE_URL = typer.Option("--base-url", help="OpenAI-compatible endpoint; key from OPENAI_API_KEY.")
+_POLICY_CONFIG = typer.Option(
+    "--policy-config",
+    help="Deploy vLLM on Ray Serve LLM from this file (deployments/vllm/cpu.yaml).",
+)
+_MODEL = typer.Option("--model", help="Model name sent to the endpoint.")
+_API = typer.Option("--api", help="chat (default) or responses.")
+_NUM_REPEATS = typer.Option("--num-repeats", "-n", help="Samples per task.")
+_CONCURRENCY = typer.Option("--concurrency", "-c", help="Episodes in flight at most.")
+_NUM_AGENTS = typer.Option("--num-agents", help="Agent actors.")
+_LIMIT = typer.Option("--limit", help="Read at most this many tasks.")
+_RESUME = typer.Option(
+    "--resume", help="Write only (task_id, sample_index) pairs missing from --out."
+)
+_SKIP_INVALID = typer.Option(
+    "--skip-invalid", help=f"Run valid rows; write bad ones to {REJECTS_FILE}."
+)
+_NAMESPACE = typer.Option("--namespace", help="Ray namespace of the run.")
+_CONFIG = typer.Option("--config", help="YAML config; flags override it.")
+
+# The flags that set one config key as they are (``__`` nests: ``output__dir``).
+_CONFIG_KEYS = {
+    "out": "output__dir",
+    "fmt": "output__format",
+    "env": "environment",
+    "base_url": "policy__base_url",
+    "model": "policy__model",
+    "api": "policy__api",
+    "num_repeats": "num_repeats",
+    "concurrency": "concurrency",
+    "num_agents": "agents__num_agents",
+    "limit": "limit",
+    "resume": "resume",
+    "skip_invalid": "skip_invalid",
+    "namespace": "namespace",
+}
+
+
+def collect(
+    tasks: Annotated[Path | None, _TASKS] = None,
+    out: Annotated[str | None, _OUT] = None,
+    fmt: Annotated[str | None, _FORMAT] = None,
+    env: Annotated[str | None, _ENV] = None,
+    env_url: Annotated[list[str] | None, _ENV_URL] = None,
+    policy: Annotated[str | None, _POLICY] = None,
+    base_url: Annotated[str | None, _BASE_URL] = None,
+    policy_config: Annotated[Path | None, _POLICY_CONFIG] = None,
+    model: Annotated[str | None, _MODEL] = None,
+    api: Annotated[str | None, _API] = None,
+    num_repeats: Annotated[int | None, _NUM_REPEATS] = None,
+    concurrency: Annotated[int | None, _CONCURRENCY] = None,
+    num_agents: Annotated[int | None, _NUM_AGENTS] = None,
+    limit: Annotated[int | None, _LIMIT] = None,
+    resume: Annotated[bool, _RESUME] = False,
+    skip_invalid: Annotated[bool, _SKIP_INVALID] = False,
+    namespace: Annotated[str | None, _NAMESPACE] = None,
+    config: Annotated[Path | None, _CONFIG] = None,
+) -> None:
+    """Run every task as a scored multi-turn episode and stream trajectories to --out."""
+    if sum(bool(x) for x in (base_url, policy_config, policy == "scripted")) > 1:
+        fail("--policy scripted, --base-url and --policy-config exclude each other", 2)
+    given = locals()  # the flags, by parameter name (None or False: not given)
+    flags = overrides(
+        **{key: given[name] for name, key in _CONFIG_KEYS.items()},
+        tasks=str(tasks) if tasks else None,
+        policy__kind="openai" if base_url else ("vllm" if policy_config else policy),
+        policy__vllm_config=str(policy_config) if policy_config else None,
+    )
+    if env_url:
+        flags["environments"] = parse_env_urls(env_url, env)
+    run_config = load_config(config, flags)
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    run_collect(run_config)
+
+
+def demo(
+    out: Annotated[str, typer.Option("--out", "-o", help="Output folder.")] = "rollouts/demo",
+    num_repeats: Annotated[
+        int, typer.Option("--num-repeats", "-n", help="Samples per example task.")
+    ] = 12,
+    config: Annotated[Path | None, _CONFIG] = None,
+) -> None:
+    """Run the built-in environments' example tasks against the scripted policy, locally."""
+    from rayrollout.cli.demo import demo_tasks_file
+
+    tasks_file = demo_tasks_file(Path(out).parent / f".{Path(out).name}-tasks.jsonl")
+    flags = {"tasks": str(tasks_file), "output": {"dir": out}, "num_repeats": num_repeats}
+    summary = run_collect(load_config(config, flags))
+    console.print(f"demo done: {summary['total']['episodes']} episodes in {out}/")

@@ -1,0 +1,273 @@
+"""``rayrollout env list|test|serve|nemo-gym-config|tasks``: one environment at a time, by
+its registered name or a ``module:Class`` path; an unknown name is an input error (exit 2).
+
+``test`` runs its verifier cases and tool tests (``rayrollout.environment.testing``),
+``serve`` puts it behind NeMo Gym's resources-server HTTP protocol on Ray Serve.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from rayrollout.cli.common import console, fail
+from rayrollout.data.config import DEFAULT_SESSION_IDLE_TIMEOUT_S, RunConfig
+from rayrollout.environment.registry import (
+    UnknownEnvironmentError,
+    available_environments,
+    configured_environment,
+    load_environment,
+)
+
+# env test / env serve build the environment as a run would: its config entry's path and args.
+ConfigFile = Annotated[
+    Path | None,
+    typer.Option("--config", help="Run config whose environments.NAME (path, args) builds it."),
+]
+
+__all__ = ["env_app"]
+
+env_app = typer.Typer(no_args_is_help=True, help="Inspect registered environments.")
+
+
+@env_app.command("list")
+def env_list() -> None:
+    """List registered environments with their hosting mode and tools."""
+    from rich.table import Table
+
+    table = Table(title="environments")
+    for column in ("name", "class", "hosting", "tools"):
+        table.add_column(column)
+    for name, path in sorted(available_environments().items()):
+        try:
+            cls = load_environment(name)
+            tools = ", ".join(t["function"]["name"] for t in cls.tool_schemas())
+            table.add_row(name, path, cls.default_hosting, tools)
+        except UnknownEnvironmentError as exc:
+            table.add_row(name, path, "-", f"[red]{exc}")
+    Console().print(table)
+
+
+@env_app.command("test")
+def env_test(
+    name: Annotated[str, typer.Argument(help="Registered environment name or 'module:Class'.")],
+    cases: Annotated[
+        Path | None,
+        typer.Option("--cases", help="Verifier cases file (default: verifier_cases.jsonl)."),
+    ] = None,
+    cases_only: Annotated[
+        bool, typer.Option("--cases-only", help="Skip the tool tests (the folder's tests/).")
+    ] = False,
+    select: Annotated[
+        str | None, typer.Option("-k", help="Run only the tool tests matching this expression.")
+    ] = None,
+    config_file: ConfigFile = None,
+) -> None:
+    """Run an environment's verifier cases, then its tool tests; non-zero naming any failure."""
+    import asyncio
+
+    from rich.table import Table
+
+    from rayrollout.environment.testing import (
+        CASES_FILE,
+        environment_folder,
+        read_cases,
+        run_case,
+        run_tool_tests,
+    )
+
+    spec = configured_environment(name, config_file)
+    env_cls = spec.load()
+    path = cases or environment_folder(env_cls) / CASES_FILE
+    if not path.exists():
+        fail(
+            f"no verifier cases for '{name}': write {path} (one JSON case a line: name, task, "
+            "messages, final_answer, expected_reward)",
+            1,
+        )
+    try:
+        parsed = read_cases(path)
+    except ValueError as exc:
+        fail(str(exc), 2)
+
+    async def run_all() -> list:
+        return [
+            await run_case(env_cls, case, line, name=spec.name, args=spec.args)
+            for line, case in parsed
+        ]
+
+    results = asyncio.run(run_all())
+    table = Table(title=f"{name}: verifier cases ({path.name})")
+    for column in ("case", "expected", "reward", "result"):
+        table.add_column(column)
+    for r in results:
+        reward = "-" if r.reward is None else f"{r.reward:g}"
+        verdict = "[green]pass" if r.passed else "[red]FAIL"
+        table.add_row(r.name, f"{r.expected:g}", reward, verdict)
+    Console().print(table)
+    failed = [r for r in results if not r.passed]
+    for r in failed:
+        console.print(
+            f"[red]FAILED[/red] case '{r.name}' ({path.name} line {r.line}): {r.error}",
+            highlight=False,
+        )
+    if failed:
+        raise typer.Exit(1)
+    console.print(f"{len(results)} verifier case(s) passed")
+    if not cases_only:
+        code = run_tool_tests(env_cls, ["-k", select] if select else None)
+        if code not in (0, 5):  # 5: the folder has no tests
+            console.print(f"[red]FAILED[/red] tool tests of '{name}' (pytest exit code {code})")
+            raise typer.Exit(1)
+
+
+@env_app.command("serve")
+def env_serve(
+    name: Annotated[str, typer.Argument(help="Registered environment name or 'module:Class'.")],
+    replicas: Annotated[int, typer.Option("--replicas", help="Serve replicas.")] = 1,
+    port: Annotated[int, typer.Option("--port", help="Serve HTTP port.")] = 8000,
+    host: Annotated[str, typer.Option("--host", help="Serve HTTP bind address.")] = "127.0.0.1",
+    namespace: Annotated[str, typer.Option("--namespace", help="Ray namespace.")] = "rayrollout",
+    route_prefix: Annotated[
+        str,
+        typer.Option(
+            "--route-prefix",
+            help="Where the routes live on the port. The default '/' is what NeMo Gym's agents "
+            "expect (they address a resources server by host:port); give a path to serve "
+            "several environments on one Serve port.",
+        ),
+    ] = "/",
+    detach: Annotated[
+        bool, typer.Option("--detach", help="Deploy and return instead of waiting for Ctrl-C.")
+    ] = False,
+    session_idle_timeout: Annotated[
+        float,
+        typer.Option(
+            "--session-idle-timeout",
+            min=0.001,
+            help="Seconds without a call after which a session's state is released (clients "
+            "that never verify or close).",
+        ),
+    ] = DEFAULT_SESSION_IDLE_TIMEOUT_S,
+    config_file: ConfigFile = None,
+) -> None:
+    """Serve an environment over NeMo Gym's resources-server HTTP protocol (for NeMo Gym agents).
+
+    NeMo Gym's simple_agent and ng_collect_rollouts use it at http://HOST:PORT as they use
+    their own resources servers (see README, "NeMo Gym").
+    """
+    import os
+    import time
+
+    import ray
+    from ray import serve
+
+    from rayrollout.engine.services import ensure_ray, ensure_serve
+    from rayrollout.environment.server import environment_app, environment_app_name
+
+    if not route_prefix.startswith("/"):
+        fail(f"--route-prefix must start with '/', got {route_prefix!r}", 2)
+    route = route_prefix.rstrip("/") or "/"
+    spec = configured_environment(name, config_file)
+    spec.load()  # an unknown or unimportable class fails here, before Ray starts
+    config = RunConfig.model_validate(
+        {"namespace": namespace, "ray": {"serve_port": port, "serve_host": host}}
+    )
+    started_ray = not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")
+    ensure_ray(config)
+    ensure_serve(config)
+    app = environment_app(
+        spec,
+        num_replicas=replicas,
+        session_idle_timeout_s=session_idle_timeout,
+    )
+    serve.run(app, name=environment_app_name(namespace, spec.name), route_prefix=route)
+    url = f"http://{host}:{port}{'' if route == '/' else route}"
+    console.print(
+        f"environment '{spec.name}' speaks NeMo Gym's protocol at {url} (POST /seed_session, "
+        "/<tool>, /verify, /close_session, /aggregate_metrics; GET / lists the tools)",
+        highlight=False,
+    )
+    typer.echo(url)
+    if detach:
+        return
+    # A supervisor (NeMo Gym's ng_run) stops servers with SIGINT and SIGKILLs what is still
+    # up a second later; SIGTERM is the other usual stop. Both end the serve loop at once.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        if started_ray:
+            # The Ray this command started goes with it, and Serve in it: ray.shutdown ends
+            # every daemon now (measured 1.4 s), where waiting on serve.delete first left
+            # Ray's dashboard agent orphaned when the supervisor's SIGKILL came.
+            ray.shutdown()
+        else:
+            serve.delete(environment_app_name(namespace, spec.name))
+
+
+@env_app.command("nemo-gym-config")
+def env_nemo_gym_config(
+    name: Annotated[str, typer.Argument(help="Registered environment name or 'module:Class'.")],
+    port: Annotated[int, typer.Option("--port", help="Port the environment serves on.")] = 8123,
+    host: Annotated[str, typer.Option("--host", help="Address it binds.")] = "127.0.0.1",
+    model_server: Annotated[
+        str, typer.Option("--model-server", help="Your NeMo Gym model server's config key.")
+    ] = "policy_model",
+) -> None:
+    """Print a NeMo Gym config that runs environment NAME for NeMo Gym's own agents.
+
+    The YAML declares the resources server (ng_run starts it with `rayrollout env serve`
+    through the entrypoint rayrollout ships), a simple_agent using it, and its environment
+    server; add your model server block and pass the file to ng_run.
+    """
+    import yaml
+
+    from rayrollout.environment.nemo_gym.config import (
+        nemo_gym_root,
+        resources_server_block,
+        simple_agent_block,
+    )
+
+    env_cls = load_environment(name)
+    server = f"rayrollout_{env_cls.name}"
+    config = {
+        **resources_server_block(server, name, host=host, port=port),
+        **simple_agent_block(f"{env_cls.name}_simple_agent", server, model_server),
+    }
+    typer.echo(
+        f"# ng_run finds the entrypoint through:  export NEMO_GYM_EXTRA_ROOTS={nemo_gym_root()}"
+    )
+    typer.echo(yaml.safe_dump(config, sort_keys=False), nl=False)
+
+
+@env_app.command("tasks")
+def env_tasks(
+    name: Annotated[str, typer.Argument(help="Environment with a task generator.")],
+    dataset: Annotated[
+        list[str], typer.Option("--dataset", help="Generator dataset name (repeatable).")
+    ],
+    size: Annotated[int, typer.Option("--size", help="Tasks per dataset.")] = 10,
+    seed: Annotated[int, typer.Option("--seed", help="Generator seed.")] = 0,
+) -> None:
+    """Print generated task rows as JSONL (e.g. reasoning_gym's procedural datasets)."""
+    env_cls = load_environment(name)
+    generate = getattr(env_cls, "generate_tasks", None)
+    if generate is None:
+        fail(
+            f"environment '{name}' has no task generator (a 'generate_tasks' classmethod); "
+            "its example tasks are files in its folder",
+            2,
+        )
+    try:
+        for row in generate(dataset=dataset, size=size, seed=seed):
+            sys.stdout.write(json.dumps(row, ensure_ascii=False) + "\n")
+    except (ImportError, ValueError) as exc:
+        fail(str(exc), 2)

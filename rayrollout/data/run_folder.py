@@ -1,0 +1,374 @@
+"""One owner of a run's output folder: what is in it, how it is named, and how it is read.
+
+Every reader and writer of the folder goes through ``RunFolder`` (the engine's writer,
+``generate(write=True)``, ``--resume``, ``read_trajectories``, export, show and report), so
+they agree on what a part is, which rows are already there and how an older part reads.
+Before this class each of them listed and read parts its own way, which is how a format
+switch and ``generate(write=True)`` each found a way to write a sample twice.
+
+A folder holds::
+
+    part-<run>-<nnnnn>.parquet    whole parts of a run (or .jsonl), renamed into place
+    .part-<run>-<nnnnn>.<ext>.tmp a part being written; readers (ours, pyarrow, pandas,
+                                  Ray Data) skip names starting with '.'
+    .lock                         flock'ed by the one process writing the folder
+    _rejects.jsonl                task rows that ``--skip-invalid`` left out, with the reason
+
+Parts of both formats may sit side by side (a run resumed with another ``--format``); every
+reader here reads both. Parquet parts are read under the current Arrow schema, not their
+own: a part written before a field existed reads with the field's null (which the model
+turns into its default) instead of hiding the field in newer parts.
+
+Example:
+    >>> folder = RunFolder("rollouts/run1")  # doctest: +SKIP
+    >>> done = folder.written_keys()  # {(task_id, sample_index), ...}  # doctest: +SKIP
+    >>> first = next(folder.trajectories())  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from rayrollout.data.schema import Trajectory, trajectory_arrow_schema
+from rayrollout.errors import OutputError
+
+__all__ = [
+    "FORMATS",
+    "LOCK_FILE",
+    "REJECTS_FILE",
+    "SCHEMA",
+    "PartError",
+    "RunFolder",
+    "WriterError",
+]
+
+FORMATS = ("parquet", "jsonl")
+REJECTS_FILE = "_rejects.jsonl"
+LOCK_FILE = ".lock"
+SCHEMA = trajectory_arrow_schema()
+_BATCH = 256  # rows per Parquet batch handed out as dicts: a few MB with token ids
+_KEY_BATCH = 65_536  # two small columns only
+
+
+class WriterError(OutputError, RuntimeError):
+    """Output could not be written (disk full, permissions, a bad folder, a held lock)."""
+
+
+class PartError(OutputError, ValueError):
+    """A part file could not be read; the message names the file and the line or row."""
+
+
+def _suffix(fmt: str) -> str:
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown output format {fmt!r}; use one of {', '.join(FORMATS)}")
+    return f".{fmt}"
+
+
+class RunFolder:
+    """A run's output folder: its parts, temporary files, lock, rejects and rows.
+
+    Args:
+        directory: The folder (need not exist yet: readers then find no parts).
+        fmt: The format new parts are written in (``parquet`` or ``jsonl``); unset, it is
+            detected from the parts already there (``format``).
+    """
+
+    def __init__(self, directory: str | Path, fmt: str | None = None) -> None:
+        if fmt is not None:
+            _suffix(fmt)  # refuses an unknown format here, not at the first part
+        self.path = Path(directory)
+        self._format = fmt
+        self._lock: IO[str] | None = None
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.path)!r}, fmt={self._format!r})"
+
+    # What is in the folder.
+
+    @property
+    def format(self) -> str:
+        """The format given, else the folder's: that of its newest part (the last run's,
+        when a run switched formats), ``parquet`` for a folder without parts."""
+        if self._format is not None:
+            return self._format
+        parts = self.parts()
+        if not parts:
+            return "parquet"
+        newest = max(parts, key=lambda p: (p.stat().st_mtime, p.name))
+        return newest.suffix.lstrip(".")
+
+    def parts(self, fmt: str | None = None) -> list[Path]:
+        """Whole part files, Parquet first, each format in name order (a run's parts in the
+        order written); ``fmt`` keeps one format. Temporary (dot) files are never parts."""
+        if not self.path.is_dir():
+            return []
+        found: list[Path] = []
+        for name in FORMATS if fmt is None else (fmt,):
+            found += sorted(self.path.glob(f"part-*{_suffix(name)}"))
+        return found
+
+    @property
+    def rejects_path(self) -> Path:
+        """Where ``--skip-invalid`` writes the task rows it left out."""
+        return self.path / REJECTS_FILE
+
+    def add_reject(self, record: dict[str, Any]) -> None:
+        """Append one rejected task row's record (reason and raw line) to the rejects file."""
+        self.create()
+        with self.rejects_path.open("a", encoding="utf-8") as file:
+            file.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    # Writing.
+
+    def create(self) -> None:
+        """Make the folder (and its parents) if missing."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise WriterError(f"cannot create output folder {self.path}: {exc}") from exc
+
+    def part_path(self, run_id: str, number: int, fmt: str | None = None) -> Path:
+        """The name of a run's ``number``-th part: runs never overwrite each other's parts."""
+        return self.path / f"part-{run_id}-{number:05d}{_suffix(fmt or self.format)}"
+
+    def write_part(
+        self, run_id: str, number: int, write: Callable[[Path], None], fmt: str | None = None
+    ) -> Path:
+        """Write a part whole or not at all: ``write`` fills a hidden temporary file, which is
+        then renamed into place (atomic on one file system); returns the part's path."""
+        final = self.part_path(run_id, number, fmt)
+        temporary = final.with_name(f".{final.name}.tmp")
+        try:
+            write(temporary)
+            os.replace(temporary, final)
+        except OSError as exc:
+            temporary.unlink(missing_ok=True)
+            raise WriterError(f"cannot write {final}: {exc}") from exc
+        return final
+
+    def remove_temporaries(self, run_id: str | None = None) -> None:
+        """Delete half-written parts (of one run, or of any: a killed run's, at start).
+
+        They were never renamed, so never read; only the lock holder may call this."""
+        for stale in self.path.glob(f".part-{run_id or '*'}-*.tmp"):
+            stale.unlink(missing_ok=True)
+
+    def take_lock(self, timeout_s: float = 60.0) -> None:
+        """Become the folder's one writer, waiting up to ``timeout_s`` for another to go.
+
+        A killed run's orphaned writer must be gone before a resumed run reads which rows
+        exist, or both would write the same rows. The OS drops the lock when the holding
+        process dies, so a SIGKILLed run never leaves the folder locked.
+        """
+        if self._lock is not None:
+            return
+        self.create()
+        lock = (self.path / LOCK_FILE).open("a")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._lock = lock
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    lock.close()
+                    raise WriterError(
+                        f"another run is still writing to {self.path} (it holds "
+                        f"{self.path / LOCK_FILE}); stop it, or use another --out"
+                    ) from None
+                time.sleep(0.2)
+
+    def release_lock(self) -> None:
+        """Let another run write the folder (closing the file drops the flock)."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    @property
+    def locked(self) -> bool:
+        """Whether this object holds the folder's lock."""
+        return self._lock is not None
+
+    # Reading.
+
+    def rows(
+        self,
+        columns: Iterable[str] | None = None,
+        *,
+        exclude: Iterable[str] = (),
+        parts: Iterable[Path] | None = None,
+        task_id: str | None = None,
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """``(where, row)`` for every row of every part, part by part, batch by batch.
+
+        ``where`` names the row for error messages (``part-x.jsonl line 3``). Rows are as
+        ``Trajectory.from_row`` reads them. ``columns`` limits what is read (else all),
+        ``exclude`` drops columns (the bulky ``turns``), ``parts`` reads only those files
+        (default: all of the folder's), ``task_id`` keeps one task's rows (Parquet skips row
+        groups by their statistics). Raises ``PartError`` naming a malformed line or file.
+        """
+        wanted = set(columns) if columns is not None else None
+        dropped = set(exclude)
+
+        def keep(name: str) -> bool:
+            return (wanted is None or name in wanted) and name not in dropped
+
+        for path in self.parts() if parts is None else parts:
+            path = Path(path)
+            if path.suffix == ".parquet":
+                names = [name for name in SCHEMA.names if keep(name)]
+                for index, row in enumerate(_parquet_rows(path, names, task_id)):
+                    yield f"{path.name} row {index}", row
+            else:
+                for where, row in _jsonl_rows(path, task_id):
+                    yield where, {k: v for k, v in row.items() if keep(k)}
+
+    def trajectories(
+        self, parts: Iterable[Path] | None = None, task_id: str | None = None
+    ) -> Iterator[Trajectory]:
+        """Every trajectory of the folder (or of ``parts``, or of one task), streamed."""
+        for _, row in self.rows(parts=parts, task_id=task_id):
+            yield Trajectory.from_row(row)
+
+    def table(self, columns: list[str], parts: Iterable[Path] | None = None) -> pa.Table:
+        """``columns`` of every row as one Arrow table of the current schema, both formats.
+
+        For analyses over whole columns (``rayrollout report``); JSONL rows go through the
+        model, so their timestamps and defaults match the Parquet rows'.
+        """
+        paths = [Path(p) for p in (self.parts() if parts is None else parts)]
+        schema = pa.schema([SCHEMA.field(name) for name in columns])
+        tables = []
+        parquet = [p for p in paths if p.suffix == ".parquet"]
+        if parquet:
+            try:
+                scan = ds.dataset([str(p) for p in parquet], format="parquet", schema=SCHEMA)
+                tables.append(scan.to_table(columns=columns))
+            except (pa.ArrowException, OSError) as exc:
+                raise PartError(f"{self.path}: cannot read its Parquet parts: {exc}") from None
+        jsonl = [p for p in paths if p.suffix != ".parquet"]
+        if jsonl:
+            rows = [Trajectory.from_row(row).to_row() for _, row in self.rows(parts=jsonl)]
+            tables.append(pa.Table.from_pylist(rows, schema=SCHEMA).select(columns))
+        return pa.concat_tables(tables) if tables else schema.empty_table()
+
+    def written_keys(self) -> set[tuple[str, int]]:
+        """Every ``(task_id, sample_index)`` in the folder, from parts of every format, so a
+        run resumed with another ``--format`` still skips what is done."""
+        keys: set[tuple[str, int]] = set()
+        for path in self.parts():
+            if path.suffix == ".parquet":
+                columns = ["task_id", "sample_index"]
+                for batch in _parquet_batches(path, columns, None, _KEY_BATCH):
+                    task_ids, indices = batch.column(0).to_pylist(), batch.column(1).to_pylist()
+                    keys.update(zip(task_ids, indices, strict=True))
+            else:
+                for where, row in _jsonl_rows(path):
+                    if row.get("task_id") is None or row.get("sample_index") is None:
+                        raise PartError(f"{where}: a row needs 'task_id' and 'sample_index'")
+                    keys.add((row["task_id"], row["sample_index"]))
+        return keys
+
+    def next_sample_indices(self) -> dict[str, int]:
+        """The first sample index not yet written, per task id in the folder: where
+        ``generate(write=True)`` continues, so ``(task_id, sample_index)`` stays unique."""
+        following: dict[str, int] = {}
+        for task_id, index in self.written_keys():
+            following[task_id] = max(following.get(task_id, 0), index + 1)
+        return following
+
+
+def _parquet_rows(path: Path, columns: list[str], task_id: str | None) -> Iterator[dict[str, Any]]:
+    """A Parquet part's rows under the current schema, as the model reads them.
+
+    A part written before a field existed scans with nulls in its place; those keys are
+    dropped from the row, so the model fills its default (a null would fail an ``int``).
+    """
+    own = _part_schema(path)
+    current, old = pa.struct(list(SCHEMA)), pa.struct(list(own))
+    upgrade = _lacks_fields(current, old)
+    for batch in _parquet_batches(path, columns, task_id, _BATCH):
+        for row in batch.to_pylist():
+            if upgrade:
+                _drop_absent(row, current, old)
+            yield row
+
+
+def _part_schema(path: Path) -> pa.Schema:
+    try:
+        return pq.read_schema(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise PartError(f"{path.name}: cannot read it as Parquet: {exc}") from None
+
+
+def _lacks_fields(current: pa.DataType, old: pa.DataType) -> bool:
+    """Whether ``old`` lacks a (nested) field of ``current``."""
+    if pa.types.is_struct(current) and pa.types.is_struct(old):
+        for field in current:
+            index = old.get_field_index(field.name)
+            if index < 0 or _lacks_fields(field.type, old.field(index).type):
+                return True
+    elif _is_list(current) and _is_list(old):
+        return _lacks_fields(current.value_type, old.value_type)
+    return False
+
+
+def _drop_absent(value: Any, current: pa.DataType, old: pa.DataType) -> None:
+    """Remove from ``value`` (a row, in place) the keys ``old`` did not have."""
+    if value is None:
+        return
+    if pa.types.is_struct(current) and pa.types.is_struct(old):
+        for field in current:
+            index = old.get_field_index(field.name)
+            if index < 0:
+                value.pop(field.name, None)
+            else:
+                _drop_absent(value.get(field.name), field.type, old.field(index).type)
+    elif _is_list(current) and _is_list(old):
+        for item in value:
+            _drop_absent(item, current.value_type, old.value_type)
+
+
+def _is_list(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind)
+
+
+def _parquet_batches(
+    path: Path, columns: list[str], task_id: str | None, batch_size: int
+) -> Iterator[pa.RecordBatch]:
+    """A Parquet part's batches under the current schema (see the module's docstring)."""
+    try:
+        scan = ds.dataset(str(path), format="parquet", schema=SCHEMA)
+        where = ds.field("task_id") == task_id if task_id is not None else None
+        yield from scan.to_batches(columns=columns, filter=where, batch_size=batch_size)
+    except (pa.ArrowException, OSError) as exc:
+        raise PartError(f"{path.name}: cannot read it as Parquet: {exc}") from None
+
+
+def _jsonl_rows(path: Path, task_id: str | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+    """A JSONL part's rows, named by line; ``task_id`` skips lines without it unparsed."""
+    needle = json.dumps(task_id, ensure_ascii=False) if task_id is not None else None
+    with path.open(encoding="utf-8") as file:
+        for number, line in enumerate(file, 1):
+            if not line.strip() or (needle is not None and needle not in line):
+                continue
+            where = f"{path.name} line {number}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise PartError(f"{where}: malformed JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise PartError(f"{where}: a row must be a JSON object")
+            if task_id is None or row.get("task_id") == task_id:
+                yield where, row

@@ -1,0 +1,71 @@
+"""Environment deployment: the engine puts a Serve-hosted environment up the first time a
+task needs it (or when ``rayrollout up`` names it), once per environment.
+
+Deploying from the engine rather than the driver: the set of environments is known only
+while tasks stream, and the same path serves training loops that call the engine directly.
+Inline and remote environments need nothing deployed; an unknown name is let through, so its
+episodes end as errors naming the problem instead of failing the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+from ray import serve
+
+from rayrollout.data.config import RunConfig
+from rayrollout.environment.registry import environment_spec
+from rayrollout.environment.server import (
+    environment_app,
+    environment_app_name,
+    environment_deployment_options,
+    environment_route,
+)
+from rayrollout.environment.sessions import resolve_hosting
+
+__all__ = ["EnvironmentDeployer"]
+
+
+class EnvironmentDeployer:
+    """Deploys each environment a run needs once; ``ready`` holds those already settled."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.ready: set[str] = set()
+        self._lock = asyncio.Lock()  # two batches naming a new environment deploy it once
+
+    def missing(self, names: Iterable[str]) -> set[str]:
+        """Those of ``names`` not settled yet (cheap: no lock, no await)."""
+        return set(names) - self.ready
+
+    async def ensure_all(self, names: Iterable[str]) -> None:
+        """Settle every environment of ``names``, one after another."""
+        for name in names:
+            await self.ensure(name)
+
+    async def ensure(self, name: str) -> None:
+        """Deploy a Serve-hosted environment the first time a task needs it."""
+        async with self._lock:
+            if name in self.ready:
+                return
+            settings = self.config.environment_config(name)
+            try:  # the registered name's class and config args (registry.environment_spec)
+                spec = environment_spec(name, settings)
+                env_cls = spec.load()
+            except (LookupError, TypeError):
+                self.ready.add(name)  # its episodes end as errors naming the problem
+                return
+            if resolve_hosting(settings, env_cls) == "serve":
+                app = environment_app(
+                    spec,
+                    num_replicas=settings.replicas,
+                    num_cpus=settings.num_cpus,
+                    options=environment_deployment_options(self.config, name),
+                    session_idle_timeout_s=settings.session_idle_timeout_s,
+                )
+                app_name = environment_app_name(self.config.namespace, name)
+                # The route serves NeMo Gym's HTTP protocol (environment/nemo_gym/routes.py).
+                route = environment_route(self.config.namespace, name)
+                await asyncio.to_thread(serve.run, app, name=app_name, route_prefix=route)
+            self.ready.add(name)

@@ -1,0 +1,148 @@
+"""The engine actor's training-loop interface: ``generate``, ``pause``, ``resume``,
+``update_weights`` and ``stats``, which a trainer calls on the actor found by name.
+
+A mixin of ``EngineActor`` rather than a separate object: Ray exposes an actor class's
+methods (inherited ones too) as remote methods, so the trainer-facing names and their
+docstrings live here once, with no forwarding layer in the actor. The collect pipeline
+(``actor``) supplies what these methods stand on, declared below: the config, the weight
+sync, the run's figures, the output folder and ``_run_specs`` (episodes through the queue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from rayrollout.data.config import RunConfig
+from rayrollout.data.run_folder import RunFolder
+from rayrollout.data.schema import Task
+from rayrollout.engine.episode import EpisodeSpec
+from rayrollout.engine.groups import GenerateResult, SamplingCounts, generate_groups
+from rayrollout.engine.stats import RunStats
+from rayrollout.engine.weights import WeightSync
+from rayrollout.policy.gate import PauseMode
+
+__all__ = ["TrainingLoopAPI"]
+
+_POLICY_CALL_FIGURES = ("in_flight", "calls", "held", "aborted", "stale_restarts")
+
+
+class TrainingLoopAPI:
+    """What a trainer calls on the engine actor (issue 5): GRPO groups and weight updates."""
+
+    # Supplied by the engine actor (``actor.EngineActor``).
+    config: RunConfig
+    agents: list[Any]
+    weights: WeightSync
+    run_stats: RunStats
+    folder: RunFolder
+    # Dynamic sampling counts over every generate() call.
+    sampling: SamplingCounts
+    # generate(write=True): the next free sample index per task id, so (task_id,
+    # sample_index) stays unique on disk across training steps (read from disk once).
+    next_sample: dict[str, int] | None
+
+    async def _run_specs(self, specs: list[EpisodeSpec], write: bool) -> list[dict[str, Any]]:
+        raise NotImplementedError  # the engine actor's: episodes through its queue
+
+    def _output_figures(self) -> dict[str, Any]:
+        raise NotImplementedError  # the engine actor's: queue and writer figures
+
+    async def generate(
+        self,
+        tasks: list[Task | dict[str, Any]],
+        n: int,
+        dynamic_sampling: bool | None = None,
+        batch_size: int | None = None,
+        max_extra_groups: int | None = None,
+        write: bool | None = None,
+    ) -> GenerateResult:
+        """Run ``n`` samples of each task; return them grouped by task (GRPO groups).
+
+        Each group carries its rewards' mean and std; every turn its ``policy_version``.
+        ``dynamic_sampling`` drops zero-variance groups and tops the batch (``batch_size``
+        groups, default all tasks) up from the tasks after it, then by sampling dropped
+        tasks again, within ``max_extra_groups`` (``rayrollout.engine.groups``). ``write`` also
+        sends the trajectories to the output folder; their sample indices then continue
+        from the last one written for the task (this engine's calls and what the folder
+        held before), so ``(task_id, sample_index)`` stays unique on disk across steps.
+        Unset arguments come from the config's ``training`` section.
+
+        Example:
+            >>> engine = ray.get_actor("engine", namespace="rayrollout")  # doctest: +SKIP
+            >>> result = ray.get(engine.generate.remote(tasks, n=8))  # doctest: +SKIP
+            >>> [(g.task_id, g.reward_mean, g.reward_std) for g in result.groups]  # doctest: +SKIP
+        """
+        from rayrollout.data.tasks import parse_task_row
+
+        settings = self.config.training
+        parsed = [
+            t
+            if isinstance(t, Task)
+            else parse_task_row(t, default_environment=self.config.environment, line=i)
+            for i, t in enumerate(tasks, start=1)
+        ]
+        keep = settings.write_trajectories if write is None else write
+        dynamic = settings.dynamic_sampling if dynamic_sampling is None else dynamic_sampling
+        extra = settings.max_extra_groups if max_extra_groups is None else max_extra_groups
+        taken = await self._samples_on_disk() if keep else {}
+        first = {t.task_id: taken.get(t.task_id, 0) for t in parsed}
+
+        async def run(specs: list[EpisodeSpec]) -> list[dict[str, Any]]:
+            if keep:
+                for spec in specs:
+                    task_id = spec.task.task_id
+                    taken[task_id] = max(taken.get(task_id, 0), spec.sample_index + 1)
+            return await self._run_specs(specs, keep)
+
+        result, episodes = await generate_groups(parsed, n, run, dynamic, batch_size, extra, first)
+        self.sampling.add(result, episodes)
+        return result
+
+    async def pause(self, mode: PauseMode | None = None) -> dict[str, Any]:
+        """Hold every new model call; calls in flight per ``mode`` (default: config's
+        ``training.pause_mode``): 'wait', 'abort_and_retry' or 'continue'."""
+        return await self.weights.pause(mode)
+
+    async def resume(self) -> dict[str, Any]:
+        """Let model calls go out again, under the current policy version."""
+        return await self.weights.resume()
+
+    async def update_weights(
+        self, path: str | None = None, version: int | None = None
+    ) -> dict[str, Any]:
+        """Load a checkpoint folder (absolute path, safetensors) into every policy replica
+        and move to ``version`` (default: the current one + 1); pauses around it unless
+        already paused. Without ``path`` only the version moves (scripted policy, or a
+        server the trainer updated itself)."""
+        return await self.weights.update_weights(path, version)
+
+    async def stats(self) -> dict[str, Any]:
+        """Episodes done and in flight, throughput, reward, errors, per environment; the
+        policy version and calls held or aborted; dynamic sampling counts."""
+        snapshot = self.stats_snapshot()
+        agents = await asyncio.gather(
+            *(agent.policy_calls.remote() for agent in self.agents), return_exceptions=True
+        )
+        calls: dict[str, int] = {}
+        for answer in agents:
+            if isinstance(answer, dict):
+                for key in _POLICY_CALL_FIGURES:
+                    calls[key] = calls.get(key, 0) + answer[key]
+        snapshot["policy_calls"] = calls
+        return snapshot
+
+    def stats_snapshot(self) -> dict[str, Any]:
+        """``stats()`` without asking the agents (no awaits)."""
+        snapshot = {**self.run_stats.summary(), **self._output_figures()}
+        snapshot["policy"] = self.weights.snapshot()
+        snapshot["dynamic_sampling"] = self.sampling.model_dump()
+        return snapshot
+
+    async def _samples_on_disk(self) -> dict[str, int]:
+        """The next free sample index per task id in the output folder; the folder is read
+        once (``RunFolder.next_sample_indices``), then the engine counts what its writing
+        generate() calls start."""
+        if self.next_sample is None:
+            self.next_sample = await asyncio.to_thread(self.folder.next_sample_indices)
+        return self.next_sample

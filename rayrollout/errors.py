@@ -1,0 +1,70 @@
+"""One exception tree: ``RayrolloutError`` and a base per boundary a failure crosses.
+
+A caller catches "anything rayrollout refused" in one clause (``except RayrolloutError``), or
+one boundary (``except InputError``), the way httpx's ``_exceptions.py`` lets a caller catch
+any transport error. Every exception class in rayrollout derives from one base here and keeps
+its builtin base too (``class ConfigError(InputError, ValueError)``), so code written against
+``except ValueError`` before this tree existed still catches what it caught.
+
+The bases derive from ``RayrolloutError`` only, never from a builtin: a class picks its own
+builtin (``ValueError``, ``LookupError``, ``RuntimeError``), so joining the tree never makes
+an ``except ValueError`` catch something it did not catch before.
+
+Inside an episode, failures stay data (a trajectory's ``status`` and ``error``); these types
+reach a caller only where a run as a whole cannot go on: bad input before anything runs, an
+output folder that cannot be written, a cluster service missing or taken.
+
+The command line turns them into one line, ``error: <message>``, with exit code 2 for an
+``InputError`` (fix the command or its files) and 1 for the rest (``exit_code``).
+
+May import: nothing of rayrollout (every part imports this module).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ClusterError",
+    "EnvironmentBoundaryError",
+    "InputError",
+    "OutputError",
+    "PolicyBoundaryError",
+    "RayrolloutError",
+    "exit_code",
+]
+
+
+class RayrolloutError(Exception):
+    """Anything rayrollout refused or could not do; the message says what, where, and the fix."""
+
+
+class InputError(RayrolloutError):
+    """What the user gave is wrong: a task row, the config, a flag, a file to export."""
+
+
+class PolicyBoundaryError(RayrolloutError):
+    """The policy side failed: the model server, its answers, its weights or chat template.
+
+    Named for the boundary because ``PolicyError`` (``rayrollout.policy.client``) is one of
+    its members: the policy server failing a call.
+    """
+
+
+class EnvironmentBoundaryError(RayrolloutError):
+    """The environment side failed: a tool, a replica, a session, a remote resources server.
+
+    Named for the boundary because Python's builtin ``EnvironmentError`` (an alias of
+    ``OSError``) already has the short name.
+    """
+
+
+class OutputError(RayrolloutError):
+    """The output folder cannot be written or read: permissions, a full disk, a held lock."""
+
+
+class ClusterError(RayrolloutError):
+    """A named service on the Ray cluster is missing, or taken by another run."""
+
+
+def exit_code(error: RayrolloutError) -> int:
+    """The command line's exit code for ``error``: 2 for bad input (as for a bad flag), else 1."""
+    return 2 if isinstance(error, InputError) else 1

@@ -1,0 +1,154 @@
+"""Policy kinds: how each ``policy.kind`` is brought up and how it takes new weights.
+
+A kind is a ``PolicyKind``: the Serve application it deploys (none for an external server)
+and its ``WeightBackend`` (what pause, resume and a checkpoint load mean for it). Kinds are
+found the way environments are: by name, through the ``rayrollout.policies`` entry-point
+group, each spec living with its deployment (``rayrollout.deployments.scripted.kind``,
+``rayrollout.deployments.vllm.kind``; pyproject.toml registers them). So the engine imports
+no deployment by name, and a package can add a kind without touching rayrollout. The one
+built-in kind is ``openai``: an external server, nothing to deploy.
+
+A name registered twice with different targets is an error naming both.
+
+Example:
+    >>> policy_kind("openai").build_app is None
+    True
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any, Protocol
+
+from rayrollout.data.config import RunConfig
+from rayrollout.errors import InputError, PolicyBoundaryError
+from rayrollout.policy.gate import PauseMode
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "EXTERNAL",
+    "FixedWeights",
+    "PolicyKind",
+    "UnknownPolicyKindError",
+    "WeightBackend",
+    "WeightUpdateError",
+    "policy_kind",
+    "policy_kinds",
+]
+
+ENTRY_POINT_GROUP = "rayrollout.policies"
+
+
+class WeightUpdateError(PolicyBoundaryError, RuntimeError):
+    """The policy backend could not pause, resume or load weights."""
+
+
+class UnknownPolicyKindError(InputError, LookupError):
+    """A config named a policy kind nothing registers, or one name has two targets."""
+
+
+class WeightBackend(Protocol):
+    """What the policy needs around a weight update (the engine's ``WeightSync`` calls it)."""
+
+    async def pause(self, mode: PauseMode) -> None:
+        """Stop generating (in-flight calls per ``mode``)."""
+        ...
+
+    async def resume(self) -> None:
+        """Generate again."""
+        ...
+
+    async def load(self, path: str) -> dict[str, Any]:
+        """Load the checkpoint folder ``path`` into every replica; figures for the caller."""
+        ...
+
+
+@dataclass(frozen=True)
+class PolicyKind:
+    """One policy kind: what to deploy for it and how it takes new weights."""
+
+    name: str
+    """The ``policy.kind`` value that picks it."""
+    build_app: Callable[[RunConfig], Any] | None
+    """The Serve application for the run's config (``serve.Application``), or None for a
+    server that runs elsewhere (``policy.base_url``). May fill policy settings the config
+    left unset (vLLM's deployment file names the model); raises ``ValueError`` naming a
+    config that cannot work."""
+    weight_backend: Callable[[RunConfig, str], WeightBackend]
+    """The backend for the run's config and the policy's base URL."""
+
+
+class FixedWeights:
+    """A backend with nothing to pause or resume (only the version moves); subclasses say
+    what ``load`` means for their kind."""
+
+    async def pause(self, mode: PauseMode) -> None:
+        return None
+
+    async def resume(self) -> None:
+        return None
+
+    async def load(self, path: str) -> dict[str, Any]:
+        raise NotImplementedError(f"{type(self).__name__} must define 'async def load'")
+
+
+class _ExternalWeights(FixedWeights):
+    """An external server: rayrollout cannot load weights into it; versions still move."""
+
+    async def load(self, path: str) -> dict[str, Any]:
+        raise WeightUpdateError(
+            "policy kind 'openai' is an external server rayrollout cannot load weights into: "
+            "update it yourself, then call update_weights(version=N) without a path"
+        )
+
+
+EXTERNAL = PolicyKind("openai", None, lambda config, url: _ExternalWeights())
+
+
+_BUILT_IN = "rayrollout.policy.kinds:EXTERNAL"
+
+
+@functools.cache
+def policy_kinds() -> dict[str, str]:
+    """Every policy kind's name and ``"module:attr"`` target: the built-in ``openai`` and the
+    registered ones (imported only when ``policy_kind`` is asked for one)."""
+    targets = {EXTERNAL.name: _BUILT_IN}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in targets and targets[ep.name] != ep.value:
+            raise UnknownPolicyKindError(
+                f"policy kind '{ep.name}' is registered twice: '{targets[ep.name]}' and "
+                f"'{ep.value}' (entry point group '{ENTRY_POINT_GROUP}'). Uninstall one, or "
+                "register one under another name"
+            )
+        targets[ep.name] = ep.value
+    return targets
+
+
+@functools.cache
+def policy_kind(name: str) -> PolicyKind:
+    """The policy kind ``name``; raises ``UnknownPolicyKindError`` listing the known ones."""
+    targets = policy_kinds()
+    if name not in targets:
+        raise UnknownPolicyKindError(
+            f"unknown policy kind '{name}'. Known: {', '.join(sorted(targets))}. Register a "
+            f"PolicyKind under the '{ENTRY_POINT_GROUP}' entry point"
+        )
+    if targets[name] == _BUILT_IN:
+        return EXTERNAL
+    module_name, _, attr = targets[name].partition(":")
+    try:
+        kind = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise UnknownPolicyKindError(
+            f"cannot import policy kind '{name}' from '{targets[name]}': {exc}"
+        ) from exc
+    if not isinstance(kind, PolicyKind):
+        raise UnknownPolicyKindError(
+            f"policy kind '{name}' = '{targets[name]}' is a {type(kind).__name__}, not a "
+            "rayrollout.policy.kinds.PolicyKind"
+        )
+    return kind

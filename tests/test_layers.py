@@ -1,0 +1,171 @@
+"""The house plan, checked: parts import only downwards, and the wheel installs one package.
+
+Each subpackage of ``rayrollout`` is a part with a rank (its ``__init__`` docstring says what
+it may import). A module may import its own part and parts of lower rank, never a higher
+one; ``environment`` and ``policy`` share a rank and do not import each other; the core
+never names a plugin (``rayrollout.environments``, ``rayrollout.deployments``): it finds them
+through the registry. Imports inside functions count too: a lazy import up a layer is still
+a step back up.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "rayrollout"
+
+# part -> rank; a module imports only parts of rank <= its own (peers excepted below).
+RANKS = {
+    "errors": 0,
+    "data": 1,
+    "environment": 2,
+    "policy": 2,
+    "engine": 3,
+    "api": 4,
+    "cli": 5,
+}
+PLUGINS = ("environments", "deployments")  # repo folders installed under rayrollout.*
+PLUGIN_MAY_IMPORT = {"errors", "data", "environment", "policy"}
+
+
+def _part(module: str) -> str | None:
+    """``rayrollout.engine.actor`` -> ``engine``; the facade ``rayrollout`` -> None."""
+    pieces = module.split(".")
+    return pieces[1] if len(pieces) > 1 else None
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """Every ``rayrollout...`` module a file imports, at any depth, with its line."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.startswith("rayrollout")]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "rayrollout":
+                found += [(node.lineno, f"rayrollout.{a.name}") for a in node.names]
+            elif node.module.startswith("rayrollout."):
+                found.append((node.lineno, node.module))
+    return found
+
+
+def _modules() -> list[tuple[str, Path]]:
+    files = [(p, PACKAGE) for p in PACKAGE.rglob("*.py")]
+    files += [(p, ROOT / name) for name in PLUGINS for p in (ROOT / name).rglob("*.py")]
+    out = []
+    for path, base in files:
+        if "tests" in path.relative_to(base).parts or "server" in path.relative_to(base).parts:
+            continue  # plugin tests and the ng_run entrypoint are not part of the import graph
+        prefix = "rayrollout" if base == PACKAGE else f"rayrollout.{base.name}"
+        rel = path.relative_to(base).with_suffix("")
+        name = ".".join([prefix, *rel.parts]).removesuffix(".__init__")
+        out.append((name, path))
+    return out
+
+
+def _violation(importer: str, imported: str) -> str | None:
+    src, dst = _part(importer), _part(imported)
+    if dst is None or src == dst:
+        return None
+    if src in PLUGINS:
+        return None if dst in PLUGIN_MAY_IMPORT else f"a plugin may not import {dst}"
+    if dst in PLUGINS:
+        return "the core finds plugins through the registry, never by module name"
+    if src is None:  # the facade re-exports the public API
+        return None if dst != "cli" else "the facade may not import the CLI"
+    if src not in RANKS or dst not in RANKS:
+        return f"{src if src not in RANKS else dst} is not a known part: add it to RANKS"
+    if RANKS[dst] > RANKS[src]:
+        return f"{src} (rank {RANKS[src]}) imports {dst} (rank {RANKS[dst]}), a higher part"
+    if RANKS[dst] == RANKS[src]:
+        return f"{src} and {dst} are peers and do not import each other"
+    return None
+
+
+def test_no_module_imports_a_higher_part_or_a_plugin_by_name():
+    problems = []
+    for name, path in _modules():
+        for line, imported in _imports(path):
+            why = _violation(name, imported)
+            if why:
+                problems.append(f"{path.relative_to(ROOT)}:{line}: {imported}: {why}")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_top_level_module_of_the_package_is_a_known_part():
+    entries = {
+        p.stem for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()
+    }
+    assert entries - {"__init__"} <= set(RANKS), entries - set(RANKS)
+
+
+def test_every_part_says_what_it_may_import():
+    for part in RANKS:
+        init = PACKAGE / part / "__init__.py"
+        module = init if init.exists() else PACKAGE / f"{part}.py"
+        doc = ast.get_docstring(ast.parse(module.read_text())) or ""
+        if init.exists():
+            assert "May import" in doc, (
+                f"{module}: its docstring says nothing of what it may import"
+            )
+
+
+def test_the_wheel_lists_every_package_folder():
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    folders = {
+        ".".join(("rayrollout", *p.parent.relative_to(PACKAGE).parts))
+        for p in PACKAGE.rglob("__init__.py")
+    }
+    for name in PLUGINS:
+        for init in (ROOT / name).rglob("__init__.py"):
+            folders.add(".".join(("rayrollout", name, *init.parent.relative_to(ROOT / name).parts)))
+    folders = {f.rstrip(".") for f in folders}
+    assert folders == listed, (
+        f"missing from pyproject: {folders - listed}; stale: {listed - folders}"
+    )
+
+
+@pytest.mark.timeout(600)
+def test_pip_install_puts_only_rayrollout_in_site_packages(tmp_path):
+    target = tmp_path / "site-packages"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(ROOT),
+        ],
+        check=True,
+        cwd=tmp_path,
+    )
+    top = {p.name for p in target.iterdir() if p.name != "bin"}
+    assert {n for n in top if not n.endswith(".dist-info")} == {"rayrollout"}, top
+    # The plugins and their data are inside it, importable from the installed copy alone.
+    assert (target / "rayrollout/environments/weather/tasks.jsonl").is_file()
+    assert (target / "rayrollout/environment/nemo_gym/server/resources_servers").is_dir()
+    probe = (
+        "import rayrollout, rayrollout.environments.weather.env as w, rayrollout.deployments;"
+        "print(rayrollout.__file__); print(w.__file__)"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert all(line.startswith(str(target)) for line in shown), shown

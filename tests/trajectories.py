@@ -1,0 +1,44 @@
+"""Hand-built trajectories for tests that need rows, not an engine run (a plain module, like
+``netutil``: test files of every tier import it by name)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rayrollout.data.schema import FunctionCall, Message, Task, ToolCall, Trajectory
+
+
+def one_tool_episode(
+    task_id: str,
+    environment: str,
+    exchange: tuple[str, str, str, str, str],
+    **fields: Any,
+) -> Trajectory:
+    """The common episode: the user asks, the model calls one tool, reads it and answers.
+
+    ``exchange`` is (question, tool, JSON arguments, tool result, answer); ``fields`` set the
+    rest of the trajectory (``sample_index``, ``reward``, ``turns``, ...).
+    """
+    question, tool, arguments, result, answer = exchange
+    call = ToolCall(id="call_1", function=FunctionCall(name=tool, arguments=arguments))
+    messages = [
+        Message(role="user", content=question),
+        Message(role="assistant", tool_calls=[call]),
+        Message(role="tool", tool_call_id="call_1", name=tool, content=result),
+        Message(role="assistant", content=answer),
+    ]
+    return Trajectory(
+        task_id=task_id, group_id=task_id, environment=environment, messages=messages, **fields
+    )
+
+
+def unplayed(task: Task) -> Trajectory:
+    """The row a task gives before any model call: its prompt and its fields, sample 0."""
+    return Trajectory(
+        task_id=task.task_id,
+        sample_index=0,
+        group_id=task.task_id,
+        environment=task.environment,
+        messages=task.prompt,
+        task_fields=task.fields,
+    )
