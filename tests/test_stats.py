@@ -3,6 +3,7 @@ from rich.console import Console
 
 from rayrollout.cli.progress import summary_table
 from rayrollout.data.schema import EpisodeMetrics, Trajectory
+from rayrollout.engine.figures import RunSnapshot
 from rayrollout.engine.stats import RunStats
 
 
@@ -46,7 +47,7 @@ def test_time_split_says_where_episode_time_goes():
 def test_summary_table_has_a_row_per_environment_and_a_total():
     stats = RunStats()
     stats.add([row("math", 1.0), row("weather", 0.0)])
-    table = summary_table(stats.snapshot())
+    table = summary_table(RunSnapshot(**stats.snapshot()))
     assert table.row_count == 3
     assert "time %" in [c.header for c in table.columns]
     console = Console(width=80, record=True)
@@ -64,6 +65,6 @@ def test_sessions_that_failed_to_close_are_counted_beside_the_statuses():
     assert summary["by_env"]["a"]["close_errors"] == 1
     assert summary["by_env"]["b"]["close_errors"] == 0
     console = Console(width=200, record=True)
-    console.print(summary_table({**stats.snapshot(), "episodes_per_s": 1.0}))
+    console.print(summary_table(RunSnapshot(**{**stats.snapshot(), "episodes_per_s": 1.0})))
     text = console.export_text()
     assert text.count("close failed=1") == 2  # environment a, and the total

@@ -24,6 +24,7 @@ from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import Trajectory
 from rayrollout.engine.actor import ENGINE_NAME, EngineActor
 from rayrollout.engine.episode import EpisodeSpec
+from rayrollout.engine.figures import RunSnapshot
 from rayrollout.engine.placement import cpu_actor_options
 from rayrollout.engine.services import deploy_policy, ensure_ray
 from rayrollout.errors import ClusterError, RayrolloutError
@@ -31,7 +32,7 @@ from rayrollout.errors import ClusterError, RayrolloutError
 __all__ = ["CollectResult", "EngineExistsError", "RolloutEngine", "read_trajectories"]
 
 _SUBMIT_BATCH = 256
-ProgressCallback = Callable[[dict[str, Any]], None]
+ProgressCallback = Callable[[RunSnapshot], None]
 PlanCallback = Callable[[CollectPlan], None]
 
 
@@ -42,11 +43,11 @@ class EngineExistsError(ClusterError, RuntimeError):
 class CollectResult:
     """Where a collection went and its figures; rows are read back on demand."""
 
-    def __init__(self, out_dir: Path, fmt: str, summary: dict[str, Any]) -> None:
+    def __init__(self, out_dir: Path, fmt: str, summary: RunSnapshot) -> None:
         self.out_dir = out_dir
         self.format = fmt
         self.summary = summary
-        self.parts = [Path(p) for p in summary.get("parts", [])]
+        self.parts = [Path(p) for p in summary.parts]
 
     def trajectories(self) -> list[Trajectory]:
         """This collection's trajectories (not other collections' in the same folder)."""
@@ -96,7 +97,7 @@ class RolloutEngine:
         >>> with RolloutEngine({"output": {"dir": "out"}}) as engine:  # doctest: +SKIP
         ...     result = engine.collect([{"prompt": "What's the weather like in Oslo?",
         ...                               "environment": "weather"}], num_repeats=2)
-        ...     print(result.summary["total"]["episodes"])
+        ...     print(result.summary.total.episodes)
         2
     """
 
@@ -190,7 +191,7 @@ class RolloutEngine:
         specs: Iterable[EpisodeSpec],
         on_progress: ProgressCallback | None = None,
         progress_interval_s: float = 0.5,
-    ) -> dict[str, Any]:
+    ) -> RunSnapshot:
         """Run episodes to the end, writing them out; returns the run's figures."""
         if self.engine is None:
             self.start()
@@ -201,7 +202,7 @@ class RolloutEngine:
         specs: Iterable[EpisodeSpec],
         on_progress: ProgressCallback | None,
         interval: float,
-    ) -> dict[str, Any]:
+    ) -> RunSnapshot:
         done = asyncio.Event()
 
         async def report() -> None:

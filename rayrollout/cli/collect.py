@@ -18,11 +18,12 @@ from rayrollout.api.collect import CollectPlan
 from rayrollout.cli.common import console, fail, overrides
 from rayrollout.data.config import ConfigError, RunConfig, load_config
 from rayrollout.data.run_folder import REJECTS_FILE
+from rayrollout.engine.figures import RunSnapshot
 
 __all__ = ["collect", "demo", "parse_env_urls", "run_collect"]
 
 
-def run_collect(config: RunConfig) -> dict[str, Any]:
+def run_collect(config: RunConfig) -> RunSnapshot:
     """Run ``collect`` for a config, showing progress and the summary; returns the figures."""
     from rayrollout.api.rollout_engine import RolloutEngine
     from rayrollout.cli.progress import RunProgress, summary_table
@@ -62,7 +63,7 @@ def run_collect(config: RunConfig) -> dict[str, Any]:
     if rejects:
         console.print(f"{rejects} invalid row(s) skipped; see {out_dir / REJECTS_FILE}")
     console.print(
-        f"[green]wrote {summary['rows_written']} trajectories[/green] to {out_dir}/ "
+        f"[green]wrote {summary.rows_written} trajectories[/green] to {out_dir}/ "
         f"({fmt}); open with pandas.read_parquet('{out_dir}') or ray.data.read_parquet."
     )
     return summary
@@ -191,4 +192,4 @@ def demo(
     tasks_file = demo_tasks_file(Path(out).parent / f".{Path(out).name}-tasks.jsonl")
     flags = {"tasks": str(tasks_file), "output": {"dir": out}, "num_repeats": num_repeats}
     summary = run_collect(load_config(config, flags))
-    console.print(f"demo done: {summary['total']['episodes']} episodes in {out}/")
+    console.print(f"demo done: {summary.total.episodes} episodes in {out}/")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich import box
 from rich.console import Console
 from rich.progress import (
@@ -16,6 +14,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from rayrollout.engine.figures import RunSnapshot
 from rayrollout.engine.stats import EnvStats
 
 __all__ = ["RunProgress", "summary_table"]
@@ -58,19 +57,19 @@ class RunProgress:
         self.progress.update(self.task_id, total=total)
         self.progress.start()
 
-    def update(self, snapshot: dict[str, Any]) -> None:
-        total = EnvStats.model_validate(snapshot["total"])
+    def update(self, snapshot: RunSnapshot) -> None:
+        total = snapshot.total
         self.progress.update(
             self.task_id,
             completed=total.episodes,
-            rate=snapshot["episodes_per_s"],
+            rate=snapshot.episodes_per_s,
             reward=total.mean_reward,
             errors=total.errors,
-            in_flight=snapshot.get("in_flight", 0),
+            in_flight=snapshot.in_flight,
         )
 
 
-def summary_table(snapshot: dict[str, Any]) -> Table:
+def summary_table(snapshot: RunSnapshot) -> Table:
     """Per environment: episodes, mean reward, turns, tool calls, p50/p95 seconds, mean
     seconds queued before the start, the share of wall time spent in model / tools / verify
     / other, and statuses; the writer's time in the caption.
@@ -78,8 +77,8 @@ def summary_table(snapshot: dict[str, Any]) -> Table:
     Kept narrow enough for an 80-column terminal: environment names are never cut.
     """
     table = Table(
-        title=f"rollout summary ({snapshot['elapsed_s']:.1f} s, "
-        f"{snapshot['episodes_per_s']:.1f} episodes/s)",
+        title=f"rollout summary ({snapshot.elapsed_s:.1f} s, "
+        f"{snapshot.episodes_per_s:.1f} episodes/s)",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
         collapse_padding=True,
@@ -90,8 +89,8 @@ def summary_table(snapshot: dict[str, Any]) -> Table:
     for column in ("episodes", "reward", "turns", "tools", "p50/p95 s", "queued", "time %"):
         table.add_column(column, justify="right", no_wrap=True)
     table.add_column("statuses", min_width=12)
-    rows = [(name, EnvStats.model_validate(s)) for name, s in snapshot["by_env"].items()]
-    rows.append(("total", EnvStats.model_validate(snapshot["total"])))
+    rows: list[tuple[str, EnvStats]] = list(snapshot.by_env.items())
+    rows.append(("total", snapshot.total))
     for name, stats in rows:
         n = max(stats.episodes, 1)
         table.add_row(
@@ -114,11 +113,8 @@ def _statuses(stats: EnvStats) -> str:
     return f"{text}, close failed={stats.close_errors}" if stats.close_errors else text
 
 
-def _writer_line(snapshot: dict[str, Any]) -> str:
-    writer = snapshot.get("writer")
-    if not writer or not writer["parts"]:
+def _writer_line(snapshot: RunSnapshot) -> str:
+    writer = snapshot.writer
+    if not writer.parts:
         return ""
-    return (
-        f"; writer: {writer['rows']} rows in {writer['parts']} parts, "
-        f"{writer['seconds']:.2f} s writing"
-    )
+    return f"; writer: {writer.rows} rows in {writer.parts} parts, {writer.seconds:.2f} s writing"

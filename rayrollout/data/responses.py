@@ -10,12 +10,20 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from rayrollout.data.convert import chat_tools_to_responses, messages_to_responses_input
 from rayrollout.data.schema import FunctionCall, Message, Task, ToolCall
 
 __all__ = ["episode_response", "items_to_messages", "responses_create_params", "seed_body"]
+
+# Responses-API message roles -> chat roles ("developer" is the Responses API's "system").
+_CHAT_ROLES: dict[str, Literal["system", "user", "assistant"]] = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+}
 
 
 def responses_create_params(task: Task) -> dict[str, Any]:
@@ -142,7 +150,7 @@ def items_to_messages(items: Any) -> list[Message]:
                 )
             )
         elif kind == "message":
-            role = {"developer": "system"}.get(item.get("role", "user"), item.get("role", "user"))
-            if role in ("system", "user", "assistant"):
+            role = _CHAT_ROLES.get(str(item.get("role", "user")))
+            if role is not None:  # other roles have no chat equivalent
                 messages.append(Message(role=role, content=_item_text(item.get("content"))))
     return messages

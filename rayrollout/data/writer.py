@@ -18,7 +18,9 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import Field
 
+from rayrollout.data.figures import Figures
 from rayrollout.data.run_folder import FORMATS, SCHEMA, RunFolder, WriterError
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "PartWriter",
     "Sink",
     "WriterError",
+    "WriterFigures",
     "make_sink",
     "written_keys",
 ]
@@ -120,6 +123,15 @@ def make_sink(directory: str | Path | RunFolder, fmt: str, run_id: str) -> Sink:
     return sinks[fmt](directory, run_id)
 
 
+class WriterFigures(Figures):
+    """What the writer has done so far (the summary table's caption, ``stats()["writer"]``)."""
+
+    parts: int = Field(default=0, description="Parts renamed into place.")
+    rows: int = Field(default=0, description="Rows in those parts.")
+    buffered_rows: int = Field(default=0, description="Rows waiting for the next part.")
+    seconds: float = Field(default=0.0, description="Seconds spent writing parts.")
+
+
 class PartWriter:
     """Buffers rows and hands the sink one part at a time (by size or by age)."""
 
@@ -168,14 +180,14 @@ class PartWriter:
         self.paths.append(path)
         return path
 
-    def figures(self) -> dict[str, Any]:
+    def figures(self) -> WriterFigures:
         """Parts and rows written so far, and the seconds spent writing them."""
-        return {
-            "parts": len(self.paths),
-            "rows": self.rows_written,
-            "buffered_rows": self.buffered_rows,
-            "seconds": self.seconds_writing,
-        }
+        return WriterFigures(
+            parts=len(self.paths),
+            rows=self.rows_written,
+            buffered_rows=self.buffered_rows,
+            seconds=self.seconds_writing,
+        )
 
 
 def written_keys(directory: str | Path, fmt: str | None = None) -> set[tuple[str, int]]:

@@ -32,6 +32,7 @@ from rayrollout.engine.agent import AgentActor, agent_name
 from rayrollout.engine.chunks import ChunkRows
 from rayrollout.engine.deploy import EnvironmentDeployer
 from rayrollout.engine.episode import EpisodeSpec, failed_trajectory
+from rayrollout.engine.figures import RunSnapshot
 from rayrollout.engine.groups import SamplingCounts
 from rayrollout.engine.metrics import RunMetrics
 from rayrollout.engine.placement import agent_actor_options
@@ -52,7 +53,8 @@ def chunk_size(concurrency: int, num_agents: int) -> int:
     return max(1, min(32, concurrency // (num_agents * 4)))
 
 
-@ray.remote(num_cpus=0, max_concurrency=10_000)
+# Ray's type stubs give ray.remote(...) task options only; max_concurrency is an actor's.
+@ray.remote(num_cpus=0, max_concurrency=10_000)  # type: ignore[call-overload]
 class EngineActor(TrainingLoopAPI):
     """Runs episodes on the agent pool and streams their rows to the output folder."""
 
@@ -64,7 +66,7 @@ class EngineActor(TrainingLoopAPI):
         self.policy_url = policy_url
         self.detached = detached  # started by `rayrollout up`: drivers attach, never kill it
         self.agents = [
-            AgentActor.options(
+            AgentActor.options(  # type: ignore[attr-defined]  # a Ray actor class (stubs)
                 name=agent_name(i),
                 namespace=config.namespace,
                 max_concurrency=100_000,
@@ -139,7 +141,7 @@ class EngineActor(TrainingLoopAPI):
             spec.queued_at = time.time()
             await self.queue.put(spec)
 
-    async def finish(self) -> dict[str, Any]:
+    async def finish(self) -> RunSnapshot:
         """Wait for every episode submitted so far, write what is buffered, return the figures.
 
         The engine stays up for the next batch; ``close`` releases the output folder.
@@ -149,7 +151,7 @@ class EngineActor(TrainingLoopAPI):
         if self.failure is not None:
             raise self.failure
         snapshot = self.progress()
-        snapshot["parts"] = [str(p) for p in self.writer.paths[self.batch_first_part :]]
+        snapshot.parts = [str(p) for p in self.writer.paths[self.batch_first_part :]]
         return snapshot
 
     async def close(self) -> None:
@@ -167,9 +169,9 @@ class EngineActor(TrainingLoopAPI):
         await self._write([], drain=True)
         return self.writer.rows_written
 
-    def progress(self) -> dict[str, Any]:
+    def progress(self) -> RunSnapshot:
         """The current batch's figures so far (what the driver's progress display shows)."""
-        return {**self.run_stats.snapshot(), **self._output_figures()}
+        return RunSnapshot(**self.run_stats.snapshot(), **self._output_figures())
 
     def _output_figures(self) -> dict[str, Any]:
         """Queue and writer figures, shared by ``progress`` and ``stats``."""

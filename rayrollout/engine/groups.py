@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from rayrollout.data.figures import Figures
 from rayrollout.data.schema import Task, Trajectory
 from rayrollout.engine.episode import EpisodeSpec
 
@@ -83,7 +84,7 @@ class GenerateResult(BaseModel):
         return [t for group in self.groups for t in group.trajectories]
 
 
-class SamplingCounts(BaseModel):
+class SamplingCounts(Figures):
     """Running totals over ``generate`` calls, for ``stats()``."""
 
     calls: int = 0

@@ -10,15 +10,19 @@ import random
 import time
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import ConfigDict, Field
+
+from rayrollout.data.figures import Figures
 
 __all__ = ["EnvStats", "RunStats"]
 
 _SAMPLE_SIZE = 10_000
 
 
-class EnvStats(BaseModel):
-    """Figures of one environment (or of the whole run)."""
+class EnvStats(Figures):
+    """Counters of one environment (or of the whole run); the summary table reads them."""
+
+    model_config = ConfigDict(extra="ignore")  # older engines' snapshots may carry more
 
     episodes: int = 0
     reward_sum: float = 0.0
@@ -103,7 +107,7 @@ class RunStats:
                         stats.seconds_sample[slot] = seconds
 
     def summary(self) -> dict[str, Any]:
-        """The figures a training loop asks for (``EngineActor.stats``), flat."""
+        """The run's part of ``EngineStats`` (``EngineActor.stats``): flat, means not sums."""
         elapsed = time.monotonic() - self.started
         return {
             "episodes_done": self.total.episodes,
@@ -134,12 +138,13 @@ class RunStats:
         }
 
     def snapshot(self) -> dict[str, Any]:
-        """A picklable view for the driver: totals, per environment, rate."""
+        """The run's part of ``RunSnapshot`` (progress and finish): totals, per environment,
+        rate. Copies, so the snapshot does not change under a caller in the engine."""
         elapsed = time.monotonic() - self.started
         return {
             "elapsed_s": elapsed,
             "in_flight": self.in_flight,
             "episodes_per_s": self.total.episodes / elapsed if elapsed > 0 else 0.0,
-            "total": self.total.model_dump(),
-            "by_env": {name: s.model_dump() for name, s in sorted(self.by_env.items())},
+            "total": self.total.model_copy(deep=True),
+            "by_env": {name: s.model_copy(deep=True) for name, s in sorted(self.by_env.items())},
         }

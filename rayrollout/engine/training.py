@@ -17,6 +17,7 @@ from rayrollout.data.config import RunConfig
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import Task
 from rayrollout.engine.episode import EpisodeSpec
+from rayrollout.engine.figures import EngineStats, PolicyCalls, PolicyState
 from rayrollout.engine.groups import GenerateResult, SamplingCounts, generate_groups
 from rayrollout.engine.stats import RunStats
 from rayrollout.engine.weights import WeightSync
@@ -117,27 +118,29 @@ class TrainingLoopAPI:
         server the trainer updated itself)."""
         return await self.weights.update_weights(path, version)
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self) -> EngineStats:
         """Episodes done and in flight, throughput, reward, errors, per environment; the
         policy version and calls held or aborted; dynamic sampling counts."""
         snapshot = self.stats_snapshot()
         agents = await asyncio.gather(
             *(agent.policy_calls.remote() for agent in self.agents), return_exceptions=True
         )
-        calls: dict[str, int] = {}
+        calls = {key: 0 for key in _POLICY_CALL_FIGURES}
         for answer in agents:
-            if isinstance(answer, dict):
+            if isinstance(answer, dict):  # a restarting agent answers an exception: skipped
                 for key in _POLICY_CALL_FIGURES:
-                    calls[key] = calls.get(key, 0) + answer[key]
-        snapshot["policy_calls"] = calls
+                    calls[key] += answer[key]
+        snapshot.policy_calls = PolicyCalls(**calls)
         return snapshot
 
-    def stats_snapshot(self) -> dict[str, Any]:
+    def stats_snapshot(self) -> EngineStats:
         """``stats()`` without asking the agents (no awaits)."""
-        snapshot = {**self.run_stats.summary(), **self._output_figures()}
-        snapshot["policy"] = self.weights.snapshot()
-        snapshot["dynamic_sampling"] = self.sampling.model_dump()
-        return snapshot
+        return EngineStats(
+            **self.run_stats.summary(),
+            **self._output_figures(),
+            policy=PolicyState(**self.weights.snapshot()),
+            dynamic_sampling=self.sampling.model_copy(),
+        )
 
     async def _samples_on_disk(self) -> dict[str, int]:
         """The next free sample index per task id in the output folder; the folder is read
