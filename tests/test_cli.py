@@ -122,8 +122,10 @@ def test_demo_writes_scored_multi_turn_trajectories(tmp_path, serve_session):
     assert frame.groupby("environment")["reward"].mean().min() == 1.0
 
 
-def test_resume_after_a_killed_run_writes_exactly_the_missing_rows(tmp_path):
-    """A real `rayrollout collect` process is SIGKILLed mid-run; --resume completes it."""
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+def test_resume_after_a_killed_run_writes_exactly_the_missing_rows(tmp_path, stop):
+    """A real `rayrollout collect` process is SIGKILLed (or SIGTERMed: it writes what is
+    finished and exits 130, as on Ctrl-C) mid-run; --resume completes it."""
     n_tasks, repeats = 60, 2
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(
@@ -165,7 +167,7 @@ def test_resume_after_a_killed_run_writes_exactly_the_missing_rows(tmp_path):
         str(config),
     ]
     process = subprocess.Popen(
-        command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        command, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
         deadline = time.monotonic() + 120
@@ -173,8 +175,16 @@ def test_resume_after_a_killed_run_writes_exactly_the_missing_rows(tmp_path):
             assert process.poll() is None, "the run ended before it could be interrupted"
             assert time.monotonic() < deadline, "no part file appeared in time"
             time.sleep(0.2)
+        if stop == signal.SIGTERM:
+            process.send_signal(signal.SIGTERM)  # the driver only, as a scheduler stops it
+            output, _ = process.communicate(timeout=60)
+            assert process.returncode == 130, output[-3000:]
+            said = " ".join(output.split())  # as one line: the console wraps it
+            assert "interrupted: writing finished episodes" in said
+            assert "run again with --resume to complete" in said
     finally:
-        os.killpg(process.pid, signal.SIGKILL)
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
         process.wait()
     partial = pd.read_parquet(out)
     assert 0 < len(partial) < n_tasks * repeats

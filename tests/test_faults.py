@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,7 +22,9 @@ import ray
 from flaky_policy import FlakyPolicy
 
 from rayrollout import RolloutEngine, RunConfig
+from rayrollout.api.rollout_engine import EngineDiedError
 from rayrollout.data.config import PolicyConfig
+from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import Message
 from rayrollout.data.tasks import parse_task_row
 from rayrollout.engine.agent import AgentRunner
@@ -222,10 +226,31 @@ def test_policy_failing_a_fifth_of_calls_still_gives_exactly_one_row_per_sample(
             assert any(s in t.error for s in ("HTTP", "timed out", "unusable")), t.error
 
 
-def test_agent_killed_mid_run_is_replaced_and_its_episodes_run_again(tmp_path, serve_session):
-    n_tasks, repeats = 48, 2
+@contextmanager
+def machine_loaded() -> Iterator[None]:
+    """Every core busy with a CPU-burning process (what slows Ray's restart of an actor past
+    the few seconds the engine used to wait), for the duration."""
+    # Niced, so the run still gets its turn: the cores stay busy and the restart slow,
+    # the test under a minute.
+    burn = (
+        "import os, time\nos.nice(10)\n"
+        "end = time.monotonic() + 120\nwhile time.monotonic() < end: pass"
+    )
+    burners = [subprocess.Popen([sys.executable, "-c", burn]) for _ in range(os.cpu_count() or 2)]
+    try:
+        yield
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+
+
+def test_agent_killed_mid_run_under_load_is_replaced_and_its_episodes_run_again(
+    tmp_path, serve_session
+):
+    n_tasks, repeats = 24, 2  # under load: kept small so the test stays under a minute
     killed: list[int] = []
-    with slow_engine(tmp_path, serve_session) as engine:
+    with slow_engine(tmp_path, serve_session) as engine, machine_loaded():
         agent = ray.get_actor("agent:0", namespace=NAMESPACE)
         pid = actor_pid(agent)
         result = engine.collect(
@@ -237,8 +262,9 @@ def test_agent_killed_mid_run_is_replaced_and_its_episodes_run_again(tmp_path, s
     assert restarted_pid != pid  # Ray restarted the agent in a new process
     expected = {(f"t{i}", s) for i in range(n_tasks) for s in range(repeats)}
     check_exactly_once(rows, expected, len(killed))
-    # The killed agent's chunks were run again on the restarted agent, so nothing failed.
-    assert {t.status for t in rows} == {"ok"}
+    # The killed agent's chunks were run again on the restarted agent (resent for as long
+    # as agents.restart_deadline_s allows, not 3 tries), so nothing failed.
+    assert {t.status for t in rows} == {"ok"}, [t.error for t in rows if t.error][:3]
     assert {t.reward for t in rows} == {1.0}
 
 
@@ -272,3 +298,32 @@ def test_environment_replica_killed_mid_run_has_its_episodes_played_again(tmp_pa
     assert len(failed) <= 2
     ok = [t for t in rows if t.status == "ok"]
     assert {(t.reward, t.verification["count"]) for t in ok} == {(1.0, 1)}
+
+
+def test_engine_killed_mid_run_says_so_in_one_line_and_resume_finishes_the_run(
+    tmp_path, serve_session
+):
+    n_tasks, repeats = 40, 2
+    killed: list[int] = []
+    with slow_engine(tmp_path, serve_session) as engine:
+        pid = actor_pid(engine.engine)
+        with pytest.raises(EngineDiedError) as died:
+            engine.collect(
+                tasks(n_tasks), num_repeats=repeats, on_progress=kill_once_when(8, [pid], killed)
+            )
+    message = str(died.value)
+    print(f"\nENGINE DIED {message}")
+    assert killed == [pid] and "\n" not in message
+    assert message.startswith("the engine actor died mid-run (")
+    assert message.endswith(
+        f"finished episodes are in {tmp_path / 'out'}: run the same command again with "
+        "--resume (resume=True in Python) to finish the run"
+    )
+    written = RunFolder(tmp_path / "out").written_keys()
+    cfg = fault_config(tmp_path, serve_session, resume=True)
+    with RolloutEngine(cfg) as engine:
+        resumed = engine.collect(tasks(n_tasks), num_repeats=repeats).trajectories()
+    before = [t for t in RunFolder(tmp_path / "out").trajectories() if t not in resumed]
+    expected = {(f"t{i}", s) for i in range(n_tasks) for s in range(repeats)}
+    assert len(before) == len(written)
+    check_exactly_once(before + resumed, expected, len(killed))

@@ -153,6 +153,31 @@ def test_parsing_any_json_object_raises_nothing_but_invalid_task_error(value):
         assert task.prompt
 
 
+@FUZZ
+@given(
+    depth=st.integers(min_value=1, max_value=20_000),
+    opener=st.sampled_from(["[", '{"k": ']),
+    field=st.sampled_from(["x", "prompt", "tools", "sampling", "responses_create_params"]),
+)
+def test_a_row_nested_to_any_depth_is_a_row_error_naming_its_line_never_a_crash(
+    depth, opener, field
+):
+    closer = "]" if opener == "[" else "}"
+    deep = opener * depth + "1" + closer * depth
+    line = '{"prompt": "hi", "environment": "echo", "%s": %s}' % (field, deep)  # noqa: UP031
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "tasks.jsonl"
+        path.write_text('{"prompt": "ok", "environment": "echo"}\n' + line + "\n")
+        errors: list[InvalidTaskError] = []
+        tasks = list(read_tasks(path, on_invalid=lambda exc, raw: errors.append(exc)))
+    assert tasks[0].prompt[0].content == "ok"
+    if depth + 1 > 64:  # the row itself is one level
+        assert [(e.line, e.field) for e in errors] == [(2, None)]
+        assert "nested deeper than 64 levels" in errors[0].message
+    else:
+        assert len(tasks) + len(errors) == 2 and all(e.line == 2 for e in errors)
+
+
 def test_a_tool_schema_that_is_not_json_schema_is_named_by_line_and_field(tmp_path):
     path = tmp_path / "tasks.jsonl"
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}

@@ -2,6 +2,10 @@
 
 import json
 import os
+import socket
+import subprocess
+import sys
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -11,7 +15,14 @@ from rayrollout.cli.report import load_run
 from rayrollout.cli.show import find_trajectories
 from rayrollout.data.config import RunConfig
 from rayrollout.data.export import export_run
-from rayrollout.data.run_folder import REJECTS_FILE, SCHEMA, RunFolder, WriterError
+from rayrollout.data.run_folder import (
+    LOCK_FILE,
+    REJECTS_FILE,
+    SCHEMA,
+    LockHolder,
+    RunFolder,
+    WriterError,
+)
 from rayrollout.data.schema import EpisodeMetrics, Trajectory, Turn
 from rayrollout.data.writer import PartWriter, make_sink, written_keys
 
@@ -178,3 +189,52 @@ def test_one_tasks_rows_are_found_in_both_formats(tmp_path):
     assert sorted((t.task_id, t.sample_index) for t in found) == [("x", 0), ("x", 1)]
     frame = load_run(tmp_path)
     assert sorted(frame["task_id"]) == ["x", "x", "x y", "y"]
+
+
+def test_a_second_live_run_is_refused_at_once_naming_the_holder(tmp_path):
+    holder = RunFolder(tmp_path)
+    holder.take_lock()  # this process is the holder and its run's (live) driver
+    started = time.monotonic()
+    with pytest.raises(WriterError) as refused:
+        RunFolder(tmp_path).take_lock(timeout_s=30)
+    assert time.monotonic() - started < 2  # not the 30 s a killed run's orphan gets
+    print(f"\nCONCURRENT {refused.value}")
+    assert f"the writer pid {os.getpid()} on {socket.gethostname()} holds" in str(refused.value)
+    assert "wait for it to end or stop it, or use another --out" in str(refused.value)
+    holder.release_lock()
+
+
+def test_a_killed_runs_orphaned_writer_is_waited_for_then_the_lock_is_taken(tmp_path):
+    # The holder serves a driver that is gone (SIGKILLed): it is an orphan Ray is about to
+    # end, so a resumed run waits for it rather than refusing.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from rayrollout.data.run_folder import RunFolder; "
+            f"f = RunFolder(sys.argv[1]); f.driver_pid = {dead.pid}; f.take_lock(); "
+            "print('locked', flush=True); time.sleep(1.5)",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert orphan.stdout is not None and orphan.stdout.readline().strip() == "locked"
+    holder = LockHolder.read(tmp_path / LOCK_FILE)
+    assert holder is not None and (holder.pid, holder.driver_pid) == (orphan.pid, dead.pid)
+    assert holder.driver_alive() is False
+    resumed = RunFolder(tmp_path)
+    resumed.take_lock(timeout_s=30, unknown_wait_s=0.1)  # waits past unknown_wait_s
+    assert resumed.locked and orphan.wait(timeout=5) == 0
+    resumed.release_lock()
+
+
+def test_parts_of_other_runs_are_told_by_the_run_id_in_their_names(tmp_path):
+    write(tmp_path, "parquet", "20250101-000000-abc123", [trajectory("a", 0)])
+    write(tmp_path, "jsonl", "mine", [trajectory("b", 0)])
+    folder = RunFolder(tmp_path)
+    assert [RunFolder.run_of(p) for p in folder.parts()] == ["20250101-000000-abc123", "mine"]
+    assert [p.suffix for p in folder.parts_of_other_runs("mine")] == [".parquet"]
+    assert len(folder.parts_of_other_runs(None)) == 2

@@ -1,5 +1,6 @@
-"""Secrets and exposure: a planted API key reaches the policy server and nothing else; the
-services a run starts listen on 127.0.0.1 only.
+"""Secrets and exposure: a planted API key reaches the policy server and nothing else (not
+rows, logs, environment replicas or tool processes); the services a run starts listen on
+127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -99,6 +100,73 @@ def test_planted_api_key_is_sent_to_the_policy_and_found_nowhere_else(tmp_path, 
     sessions = list((ray_tmpdir / "ray").glob("session_*/logs"))
     assert sessions, f"no Ray session logs under {ray_tmpdir}"
     assert sum(1 for _ in sessions[0].rglob("*.log")) > 0
+    assert files_holding(ray_tmpdir, KEY) == []
+
+
+def test_tools_on_replicas_and_inline_read_no_policy_key_from_any_environment(tmp_path, ray_tmpdir):
+    """The spy tool returns ``os.environ``, ``/proc/self/environ``, its parent's and a child's,
+    and which processes define the key: the agents used the key, no tool saw it."""
+    spy = {"path": "spy_envs:EnvironSpyEnv"}
+    tasks = tmp_path / "tasks.jsonl"
+    rows = [
+        {"task_id": f"{hosting}-{i}", "prompt": "look around", "environment": f"spy-{hosting}"}
+        for hosting in ("serve", "inline")
+        for i in range(3)
+    ]
+    tasks.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "namespace": "secrets-spy",
+                "environments": {
+                    "spy-serve": {**spy, "hosting": "serve", "replicas": 2},
+                    "spy-inline": {**spy, "hosting": "inline"},
+                },
+                "ray": {"serve_port": free_port(), "num_cpus": 2},
+            }
+        )
+    )
+    out = tmp_path / "out"
+    env = {
+        **os.environ,
+        "OPENAI_API_KEY": KEY,
+        "RR_VISIBLE_MARKER": "visible-6a0c",  # not a secret: every process keeps it
+        "RAY_TMPDIR": str(ray_tmpdir),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]),
+    }
+    env.pop("RAY_ADDRESS", None)
+    with FlakyPolicy(fault_rate=0.0) as policy:
+        command = [sys.executable, "-m", "rayrollout.cli", "collect", str(tasks)]
+        command += ["--out", str(out), "--config", str(config)]
+        command += ["--base-url", policy.base_url, "--model", "spy"]
+        run = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        stdout, stderr = run.communicate(timeout=240)
+    assert run.returncode == 0, stderr[-3000:]
+    assert policy.authorization == {f"Bearer {KEY}"}  # the agents had the key and used it
+
+    frame = pd.read_parquet(out)
+    assert sorted(frame["status"]) == ["ok"] * len(rows)
+    reports = []
+    for messages in frame["messages"]:
+        messages = json.loads(messages) if isinstance(messages, str) else list(messages)
+        tool_messages = [m for m in messages if m["role"] == "tool"]
+        reports += [json.loads(m["content"]) for m in tool_messages]
+    assert len(reports) == len(rows)
+    views = ("os_environ", "self_environ", "parent_environ", "child_environ")
+    for report in reports:  # the tool really read each environment: the marker is there
+        assert all("visible-6a0c" in json.dumps(report[view]) for view in views), report
+    holders = sorted({h for report in reports for h in report["key_holders"]})
+    leaking_rows = [r for r in frame.to_dict("records") if KEY in json.dumps(r, default=str)]
+    print(f"\nSPY episodes={len(reports)} rows_with_key={len(leaking_rows)} holders={holders}")
+    assert leaking_rows == []
+    # Only the driver (`rayrollout collect`) holds the key in its environment.
+    assert [h.split(" ", 1)[0] for h in holders] == [str(run.pid)]
+    assert KEY not in stdout and KEY not in stderr
+    assert files_holding(out, KEY) == []
+    assert list((ray_tmpdir / "ray").glob("session_*/logs/*"))
     assert files_holding(ray_tmpdir, KEY) == []
 
 

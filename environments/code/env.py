@@ -2,7 +2,8 @@
 
 The task is "Write a Python function `<name>(<args>)` that returns `<expression>`." with
 assert statements in the ``tests`` field. Both the ``run_python`` tool and the verifier run
-code in a fresh, limited subprocess (see ``sandbox.py``).
+code in a fresh bubblewrap sandbox under a uid of its own (see ``sandbox.py``); where none
+can start, the tool call fails with the fix named, and nothing runs unsandboxed.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import ClassVar
 
 from rayrollout.environment import Environment, Episode, ToolError, Verification, tool
 
-from .sandbox import run_sandboxed
+from .sandbox import SandboxUnavailableError, run_sandboxed
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL)
 _SUMMARY = "__rayrollout_tests__ "
@@ -55,7 +56,12 @@ class CodeEnv(Environment):
             code: The whole script; print what you want to see. Limits: 5 s, 512 MiB, 8 KiB
                 of output per stream.
         """
-        result = await run_sandboxed(code, self.timeout_s, self.memory_bytes)
+        try:
+            result = await run_sandboxed(code, self.timeout_s, self.memory_bytes)
+        except (
+            SandboxUnavailableError
+        ) as exc:  # the model cannot fix this; the message says who can
+            raise ToolError(f"the code sandbox is unavailable: {exc}") from exc
         if result.timed_out:
             raise ToolError(f"the code ran past the {self.timeout_s:g} s limit and was killed")
         return result.report()

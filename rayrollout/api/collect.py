@@ -10,8 +10,12 @@ A collection is planned in two steps around the engine's start:
 1. ``plan_collect`` reads the rows once, before Ray or the engine starts: a file with bad
    rows runs nothing and costs no cluster start-up.
 2. ``CollectPlan.open_output`` runs once the engine holds the output folder's lock (no
-   earlier writer can still be adding parts): it writes the rejects and reads which
+   earlier writer can still be adding parts): it refuses another run's parts unless
+   ``resume`` or ``output.overwrite`` (which deletes them; ``refuse_old_parts``, checked
+   once before the policy deploys too), writes the rejects and reads which
    ``(task_id, sample_index)`` pairs are already written (``resume``).
+
+Task ids are unique within a source (``tasks.UniqueTaskIds``): a repeat is a row error.
 
 A tasks file or a list is read whole into ``Task`` objects before the run, so that the file
 is read once (it was read twice before: once to check, once to submit). Measured for 20,000
@@ -39,7 +43,7 @@ from typing import Any, cast
 from rayrollout.data.config import ConfigError, RunConfig
 from rayrollout.data.run_folder import REJECTS_FILE, RunFolder
 from rayrollout.data.schema import Task
-from rayrollout.data.tasks import InvalidTaskError, parse_task_row, read_tasks
+from rayrollout.data.tasks import InvalidTaskError, UniqueTaskIds, parse_task_row, read_tasks
 from rayrollout.engine.episode import EpisodeSpec
 from rayrollout.environment.registry import (
     UnknownEnvironmentError,
@@ -52,9 +56,11 @@ __all__ = [
     "MAX_ERRORS_SHOWN",
     "CollectPlan",
     "InvalidTasksError",
+    "OutputNotEmptyError",
     "TaskSource",
     "expand",
     "plan_collect",
+    "refuse_old_parts",
 ]
 
 MAX_ERRORS_SHOWN = 50
@@ -62,6 +68,35 @@ TaskSource = str | Path | Iterable[Task | dict[str, Any]]
 """A tasks file (JSONL or Parquet), or task rows (``Task`` objects or row dicts)."""
 Reject = tuple[InvalidTaskError, str | None]
 """A row left out by ``skip_invalid``: why, and its raw text (None for an in-memory row)."""
+
+
+class OutputNotEmptyError(InputError, FileExistsError):
+    """A new run met an earlier run's parts in its output folder (without resume/overwrite)."""
+
+
+def refuse_old_parts(folder: RunFolder, config: RunConfig, run_id: str | None) -> list[Path]:
+    """The parts of runs other than ``run_id`` in ``folder`` that ``config`` may write over.
+
+    A new run that met them and would append a second copy of every sample is refused
+    unless ``resume`` (write only what is missing) or ``output.overwrite`` (delete them
+    first); returns them (for ``overwrite`` to delete), empty under ``resume``.
+
+    Raises:
+        OutputNotEmptyError: parts of another run, and neither ``resume`` nor ``overwrite``.
+    """
+    old = folder.parts_of_other_runs(run_id)
+    if not old or config.resume:
+        return []
+    if not config.output.overwrite:
+        runs = sorted({RunFolder.run_of(part) for part in old})
+        raise OutputNotEmptyError(
+            f"output folder {folder.path} already holds {len(old)} part(s) of an earlier run "
+            f"({', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''}); nothing was run. Pass "
+            "--resume to finish that run (only missing (task_id, sample_index) pairs are "
+            "written), --overwrite to delete its parts first, or another --out "
+            "(resume=True or output.overwrite=True in Python)"
+        )
+    return old
 
 
 class InvalidTasksError(InputError, ValueError):
@@ -111,10 +146,24 @@ class CollectPlan:
             for sample in range(self.num_repeats)
         )
 
-    def open_output(self, config: RunConfig) -> None:
-        """Write the rejects and read what is written; call with the output folder's lock
-        held (after ``RolloutEngine.start``), so no earlier writer is still adding parts."""
+    def open_output(self, config: RunConfig, run_id: str | None = None, first: bool = True) -> None:
+        """Check the folder, write the rejects and read what is written; call with the
+        output folder's lock held (after ``RolloutEngine.start``), so no earlier writer is
+        still adding parts.
+
+        Args:
+            config: ``output.dir``, ``resume`` and ``output.overwrite`` are read from it.
+            run_id: The engine's run: its own parts are never "an earlier run's" (a second
+                ``collect`` on one engine, ``generate(write=True)`` before it).
+            first: This engine's first collection: ``overwrite`` deletes the rejects too.
+
+        Raises:
+            OutputNotEmptyError: the folder holds another run's parts (``refuse_old_parts``).
+        """
         self._folder = RunFolder(config.output.dir)
+        old = refuse_old_parts(self._folder, config, run_id)
+        if config.output.overwrite:
+            self._folder.remove(old, rejects=first)
         for exc, raw in self.rejects:
             self._folder.add_reject(exc.to_record(raw))
         if config.resume:
@@ -145,9 +194,15 @@ def plan_collect(
 
     Raises:
         InvalidTasksError: bad rows and not ``skip_invalid``; nothing has started.
-        ConfigError: no tasks given, or the tasks file does not exist.
+        ConfigError: no tasks given, the tasks file does not exist, or both ``resume`` and
+            ``output.overwrite``.
     """
     repeats = num_repeats or config.num_repeats
+    if config.resume and config.output.overwrite:
+        raise ConfigError(
+            "--resume and --overwrite exclude each other: --resume finishes the run in the "
+            "output folder, --overwrite deletes it; pass one"
+        )
     if source is None:
         if not config.tasks:
             raise ConfigError(
@@ -201,17 +256,23 @@ def _parsed(
     on_invalid: Callable[[InvalidTaskError, str | None], None] | None,
 ) -> Iterator[Task]:
     """In-memory rows as tasks (row ``i`` is "line" ``i``, from 1). An unknown environment is
-    not checked here: it fails its own episodes, so one row never stops a training loop."""
+    not checked here: it fails its own episodes, so one row never stops a training loop. A
+    ``task_id`` an earlier row took is refused, as in a file (``UniqueTaskIds``)."""
+    unique = UniqueTaskIds()
     for line, row in enumerate(rows, start=1):
-        if isinstance(row, Task):
-            yield row
-            continue
         try:
-            yield parse_task_row(row, default_environment=default_environment, line=line)
+            task = (
+                row
+                if isinstance(row, Task)
+                else parse_task_row(row, default_environment=default_environment, line=line)
+            )
+            unique.check(task, "<tasks>", line)
         except InvalidTaskError as exc:
             if on_invalid is None:
                 raise
             on_invalid(exc, None)
+            continue
+        yield task
 
 
 def _limited(tasks: Iterator[Task], limit: int | None) -> Iterator[Task]:

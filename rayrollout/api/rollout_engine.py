@@ -9,6 +9,7 @@ line takes too; ``rayrollout up`` is ``start(detached=True)``.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections import defaultdict
@@ -17,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.exceptions import ActorUnavailableError, RayActorError
 
-from rayrollout.api.collect import CollectPlan, TaskSource, plan_collect
+from rayrollout.api.collect import CollectPlan, TaskSource, plan_collect, refuse_old_parts
 from rayrollout.data.config import RunConfig
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import Trajectory
@@ -26,10 +28,17 @@ from rayrollout.engine.actor import ENGINE_NAME, EngineActor
 from rayrollout.engine.episode import EpisodeSpec
 from rayrollout.engine.figures import RunSnapshot
 from rayrollout.engine.placement import cpu_actor_options
+from rayrollout.engine.secret_env import policy_key
 from rayrollout.engine.services import deploy_policy, ensure_ray
 from rayrollout.errors import ClusterError, RayrolloutError
 
-__all__ = ["CollectResult", "EngineExistsError", "RolloutEngine", "read_trajectories"]
+__all__ = [
+    "CollectResult",
+    "EngineDiedError",
+    "EngineExistsError",
+    "RolloutEngine",
+    "read_trajectories",
+]
 
 _SUBMIT_BATCH = 256
 ProgressCallback = Callable[[RunSnapshot], None]
@@ -38,6 +47,10 @@ PlanCallback = Callable[[CollectPlan], None]
 
 class EngineExistsError(ClusterError, RuntimeError):
     """Another run's engine holds the name in this namespace."""
+
+
+class EngineDiedError(ClusterError, RuntimeError):
+    """The engine actor died mid-run; what it wrote stays, and ``--resume`` finishes the run."""
 
 
 class CollectResult:
@@ -111,6 +124,8 @@ class RolloutEngine:
             update={"output": config.output.model_copy(update={"dir": out_dir})}
         )
         self.engine: Any = None
+        self.run_id: str | None = None  # the engine's run (names its parts), once started
+        self.collections = 0  # collect() calls on this engine so far
         self.attached = False  # True: the engine is `rayrollout up`'s, shutdown leaves it up
         self.policy_url = ""
 
@@ -136,6 +151,13 @@ class RolloutEngine:
                 ``detached``); nothing was deployed.
             WriterError: the output folder cannot be created, or another run holds its lock.
         """
+        return self._start(run_id, detached=detached)
+
+    def _start(
+        self, run_id: str | None = None, *, detached: bool = False, new_run: bool = False
+    ) -> RolloutEngine:
+        """``start``; ``new_run`` (a ``collect``): refuse an output folder holding another
+        run's parts before the policy is deployed (``refuse_old_parts``)."""
         ensure_ray(self.config)
         namespace = self.config.namespace
         existing: Any
@@ -151,6 +173,8 @@ class RolloutEngine:
                 f"(`rayrollout down --namespace {namespace}`, or end that run), or use "
                 "another --namespace"
             )
+        if new_run:  # cheap, before the policy deploys; checked again under the lock
+            refuse_old_parts(RunFolder(self.config.output.dir), self.config, None)
         self.policy_url = deploy_policy(self.config)
         run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         self.engine = EngineActor.options(  # type: ignore[attr-defined]
@@ -158,7 +182,15 @@ class RolloutEngine:
             namespace=namespace,
             lifetime="detached" if detached else None,
             **cpu_actor_options(self.config, {}),
-        ).remote(self.config, self.policy_url, run_id, detached)
+        ).remote(
+            self.config,
+            self.policy_url,
+            run_id,
+            detached,
+            policy_key(self.config),
+            driver_pid=os.getpid(),
+        )
+        self.run_id = run_id
         self.attached = detached  # shutdown leaves a detached engine up, as an attached one
         try:
             ray.get(self.engine.start.remote())
@@ -175,7 +207,7 @@ class RolloutEngine:
         """Use the engine ``rayrollout up`` started; its config decides where output goes."""
         info = ray.get(engine.info.remote(), timeout=60)
         self.engine, self.attached = engine, True
-        self.policy_url = info["policy_url"]
+        self.policy_url, self.run_id = info["policy_url"], info.get("run_id")
         self.config = self.config.model_copy(
             update={
                 "output": self.config.output.model_copy(
@@ -195,7 +227,16 @@ class RolloutEngine:
         """Run episodes to the end, writing them out; returns the run's figures."""
         if self.engine is None:
             self.start()
-        return asyncio.run(self._run(specs, on_progress, progress_interval_s))
+        try:
+            return asyncio.run(self._run(specs, on_progress, progress_interval_s))
+        except RayActorError as exc:
+            if not isinstance(exc, ActorUnavailableError) and self._engine_alive():
+                raise
+            raise EngineDiedError(
+                f"the engine actor died mid-run ({_first_line(exc)}); finished episodes are "
+                f"in {self.config.output.dir}: run the same command again with --resume "
+                "(resume=True in Python) to finish the run"
+            ) from None
 
     async def _run(
         self,
@@ -262,13 +303,17 @@ class RolloutEngine:
 
         Raises:
             InvalidTasksError: bad rows (without ``skip_invalid``); nothing was started.
+            OutputNotEmptyError: the output folder holds an earlier run's parts, and neither
+                ``resume`` nor ``output.overwrite`` is set; nothing was run.
+            EngineDiedError: the engine actor died mid-run; ``resume`` finishes it.
             ConfigError: no tasks given, or the tasks file does not exist.
             EngineExistsError, WriterError: as ``start``.
         """
         plan = plan_collect(tasks, self.config, num_repeats)
         if self.engine is None:
-            self.start()  # takes the output folder's lock before reading what is in it
-        plan.open_output(self.config)
+            self._start(new_run=True)  # takes the output folder's lock before reading it
+        plan.open_output(self.config, self.run_id, first=self.collections == 0)
+        self.collections += 1
         if on_plan is not None:
             on_plan(plan)
         summary = self.run(plan.specs(), on_progress)
@@ -286,6 +331,14 @@ class RolloutEngine:
             return
         self._discard()
 
+    def _engine_alive(self) -> bool:
+        """Whether the engine actor still answers (a dead one fails every call)."""
+        try:
+            ray.get(self.engine.info.remote(), timeout=10)
+        except (RayActorError, ray.exceptions.GetTimeoutError):
+            return False
+        return True
+
     def _discard(self) -> None:
         """Close and kill this driver's engine and its agents."""
         if self.engine is not None:
@@ -300,3 +353,9 @@ class RolloutEngine:
                     pass
             ray.kill(self.engine)
             self.engine = None
+
+
+def _first_line(error: BaseException) -> str:
+    """The first line of an error's message, cut to 200 characters (Ray's run to pages)."""
+    line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return line if len(line) <= 200 else line[:197] + "..."

@@ -33,6 +33,9 @@ def run_collect(config: RunConfig) -> RunSnapshot:
     planned: list[CollectPlan] = []
 
     def show_plan(plan: CollectPlan) -> None:
+        # Again now that Ray is up: ray.init installs its own SIGTERM handler (it prints a
+        # stack and dies with rc 15), which would skip the flush of finished episodes.
+        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
         planned.append(plan)
         for exc, _ in plan.rejects:
             console.print(f"[yellow]skipped[/yellow] {escape(str(exc))}", highlight=False)
@@ -90,6 +93,8 @@ def parse_env_urls(values: list[str], default_name: str | None = None) -> dict[s
 
 
 def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
+    """SIGTERM (a scheduler's stop, ``kill``) ends the run as Ctrl-C does: finished episodes
+    are written, then exit 130, and ``--resume`` completes the run."""
     raise KeyboardInterrupt
 
 
@@ -116,7 +121,14 @@ _CONCURRENCY = typer.Option("--concurrency", "-c", help="Episodes in flight at m
 _NUM_AGENTS = typer.Option("--num-agents", help="Agent actors.")
 _LIMIT = typer.Option("--limit", help="Read at most this many tasks.")
 _RESUME = typer.Option(
-    "--resume", help="Write only (task_id, sample_index) pairs missing from --out."
+    "--resume",
+    help="Finish the run in --out: write only the (task_id, sample_index) pairs missing there "
+    "(parts of either format count). Without it (or --overwrite), an --out holding parts is "
+    "refused.",
+)
+_OVERWRITE = typer.Option(
+    "--overwrite",
+    help="Delete the parts (and rejects) an earlier run left in --out before writing.",
 )
 _SKIP_INVALID = typer.Option(
     "--skip-invalid", help=f"Run valid rows; write bad ones to {REJECTS_FILE}."
@@ -137,6 +149,7 @@ _CONFIG_KEYS = {
     "num_agents": "agents__num_agents",
     "limit": "limit",
     "resume": "resume",
+    "overwrite": "output__overwrite",
     "skip_invalid": "skip_invalid",
     "namespace": "namespace",
 }
@@ -158,6 +171,7 @@ def collect(
     num_agents: Annotated[int | None, _NUM_AGENTS] = None,
     limit: Annotated[int | None, _LIMIT] = None,
     resume: Annotated[bool, _RESUME] = False,
+    overwrite: Annotated[bool, _OVERWRITE] = False,
     skip_invalid: Annotated[bool, _SKIP_INVALID] = False,
     namespace: Annotated[str | None, _NAMESPACE] = None,
     config: Annotated[Path | None, _CONFIG] = None,
@@ -180,7 +194,9 @@ def collect(
 
 
 def demo(
-    out: Annotated[str, typer.Option("--out", "-o", help="Output folder.")] = "rollouts/demo",
+    out: Annotated[
+        str, typer.Option("--out", "-o", help="Output folder (each demo run replaces its parts).")
+    ] = "rollouts/demo",
     num_repeats: Annotated[
         int, typer.Option("--num-repeats", "-n", help="Samples per example task.")
     ] = 12,
@@ -190,6 +206,11 @@ def demo(
     from rayrollout.cli.demo import demo_tasks_file
 
     tasks_file = demo_tasks_file(Path(out).parent / f".{Path(out).name}-tasks.jsonl")
-    flags = {"tasks": str(tasks_file), "output": {"dir": out}, "num_repeats": num_repeats}
+    # The demo's folder is its own: each demo run replaces the last one's parts.
+    flags = {
+        "tasks": str(tasks_file),
+        "output": {"dir": out, "overwrite": True},
+        "num_repeats": num_repeats,
+    }
     summary = run_collect(load_config(config, flags))
     console.print(f"demo done: {summary.total.episodes} episodes in {out}/")

@@ -141,6 +141,12 @@ class AgentConfig(_Config):
     max_turns: int = Field(default=8, ge=1, description="Model calls per episode at most.")
     tool_timeout_s: float = Field(default=30.0, gt=0, description="Timeout of one tool call.")
     verify_timeout_s: float = Field(default=60.0, gt=0, description="Timeout of the verifier.")
+    restart_deadline_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="How long the engine keeps resending a dead agent's unanswered episodes "
+        "while Ray restarts the actor; only past it are they written as 'error' rows.",
+    )
 
 
 class OutputConfig(_Config):
@@ -151,6 +157,11 @@ class OutputConfig(_Config):
     rows_per_part: int = Field(default=1000, ge=1, description="Rows per part file at most.")
     flush_interval_s: float = Field(
         default=10.0, gt=0, description="Write a part at least this often while rows are waiting."
+    )
+    overwrite: bool = Field(
+        default=False,
+        description="Delete the parts (and rejects) an earlier run left in the folder before "
+        "writing; without it (or 'resume') a folder with parts is refused.",
     )
 
 

@@ -6,12 +6,14 @@ NeMo Gym rows), so both directions live here, in one place.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from rayrollout.data.schema import FunctionCall, Message, ToolCall
 
 __all__ = [
     "chat_tools_to_responses",
+    "json_or_text",
     "messages_to_responses_input",
     "responses_output_to_message",
 ]
@@ -72,3 +74,17 @@ def responses_output_to_message(output: list[dict[str, Any]]) -> Message:
                 )
             )
     return Message(role="assistant", content="".join(texts) or None, tool_calls=calls or None)
+
+
+def json_or_text(text: str, kind: type) -> Any:
+    """``text`` decoded from JSON when it holds a ``kind``, else ``text`` as it is.
+
+    Tool-call arguments as an object (``dict``) for chat templates, a tool's JSON-string
+    output unwrapped (``str``) for the model: text that is not JSON, or JSON of another
+    kind, stays the text it was.
+    """
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, kind) else text

@@ -340,7 +340,10 @@ def _text(content: Any, field: str, fail: Fail) -> str:
 
 def short(value: Any) -> str:
     """A value as it reads in an error message: its repr, cut to 80 characters."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except RecursionError:  # a hostile row nested past what repr follows
+        return f"<a {type(value).__name__} nested too deeply to show>"
     return text if len(text) <= 80 else text[:77] + "..."
 
 

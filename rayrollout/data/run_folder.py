@@ -27,10 +27,8 @@ Example:
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -39,6 +37,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from rayrollout.data.folder_lock import LockHolder, acquire
 from rayrollout.data.schema import Trajectory, trajectory_arrow_schema
 from rayrollout.errors import OutputError
 
@@ -46,6 +45,7 @@ __all__ = [
     "FORMATS",
     "LOCK_FILE",
     "REJECTS_FILE",
+    "LockHolder",
     "SCHEMA",
     "PartError",
     "RunFolder",
@@ -89,6 +89,9 @@ class RunFolder:
         self.path = Path(directory)
         self._format = fmt
         self._lock: IO[str] | None = None
+        self.driver_pid: int | None = None
+        """The process whose run this writer serves (its driver), noted in the lock file so
+        that a second run can tell a live run from a killed one's orphan; None: this one."""
 
     def __repr__(self) -> str:
         return f"RunFolder({str(self.path)!r}, fmt={self._format!r})"
@@ -116,6 +119,23 @@ class RunFolder:
         for name in FORMATS if fmt is None else (fmt,):
             found += sorted(self.path.glob(f"part-*{_suffix(name)}"))
         return found
+
+    @staticmethod
+    def run_of(part: Path) -> str:
+        """The run id in a part's name: ``part-<run>-<nnnnn>.<ext>`` -> ``<run>``."""
+        return part.stem.removeprefix("part-").rsplit("-", 1)[0]
+
+    def parts_of_other_runs(self, run_id: str | None) -> list[Path]:
+        """Whole parts that the run ``run_id`` did not write (all of them for None)."""
+        return [p for p in self.parts() if run_id is None or self.run_of(p) != run_id]
+
+    def remove(self, parts: Iterable[Path], rejects: bool = False) -> None:
+        """Delete ``parts`` (``--overwrite``), and the rejects file if ``rejects``; only the
+        lock holder's run may call this."""
+        for part in parts:
+            part.unlink(missing_ok=True)
+        if rejects:
+            self.rejects_path.unlink(missing_ok=True)
 
     @property
     def rejects_path(self) -> Path:
@@ -163,31 +183,25 @@ class RunFolder:
         for stale in self.path.glob(f".part-{run_id or '*'}-*.tmp"):
             stale.unlink(missing_ok=True)
 
-    def take_lock(self, timeout_s: float = 60.0) -> None:
-        """Become the folder's one writer, waiting up to ``timeout_s`` for another to go.
+    def take_lock(self, timeout_s: float = 60.0, unknown_wait_s: float = 10.0) -> None:
+        """Become the folder's one writer, or refuse at once while another live run writes.
 
-        A killed run's orphaned writer must be gone before a resumed run reads which rows
-        exist, or both would write the same rows. The OS drops the lock when the holding
-        process dies, so a SIGKILLed run never leaves the folder locked.
+        A second live run is refused at once, naming the holder; a killed run's orphaned
+        writer (its driver gone) is waited for up to ``timeout_s``, a holder that cannot be
+        told (another host) ``unknown_wait_s`` (see ``folder_lock.acquire``). The OS drops
+        the lock when the holding process dies, so a SIGKILLed run never leaves it locked.
         """
         if self._lock is not None:
             return
         self.create()
-        lock = (self.path / LOCK_FILE).open("a")
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                self._lock = lock
-                return
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    lock.close()
-                    raise WriterError(
-                        f"another run is still writing to {self.path} (it holds "
-                        f"{self.path / LOCK_FILE}); stop it, or use another --out"
-                    ) from None
-                time.sleep(0.2)
+        lock, holder = acquire(self.path / LOCK_FILE, self.driver_pid, timeout_s, unknown_wait_s)
+        if lock is None:
+            raise WriterError(
+                f"another run is still writing to {self.path} "
+                f"({holder.describe() if holder else 'a writer'} holds "
+                f"{self.path / LOCK_FILE}); wait for it to end or stop it, or use another --out"
+            )
+        self._lock = lock
 
     def release_lock(self) -> None:
         """Let another run write the folder (closing the file drops the flock)."""

@@ -12,11 +12,12 @@ import hashlib
 import json
 import types
 import typing
+import unicodedata
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 __all__ = [
     "EpisodeMetrics",
@@ -32,6 +33,13 @@ __all__ = [
     "stable_task_id",
     "trajectory_arrow_schema",
 ]
+
+MAX_TOKENS = 10_000_000
+"""The most ``max_tokens`` a task may ask for: above every model's context window."""
+MAX_TEMPERATURE = 10.0
+"""The highest sampling temperature a task may ask for (servers take 0 to 2 in practice)."""
+MAX_ID_LENGTH = 1024
+"""The longest ``task_id`` or environment name."""
 
 Status = Literal["ok", "error", "timeout", "max_turns", "truncated"]
 
@@ -79,21 +87,58 @@ class Message(_Model):
 
 
 class SamplingParams(_Model):
-    """Per-task sampling overrides; unset fields fall back to the run's policy config."""
+    """Per-task sampling overrides; unset fields fall back to the run's policy config.
 
-    temperature: float | None = Field(default=None, ge=0.0, description="Sampling temperature.")
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    max_tokens: int | None = Field(default=None, gt=0, description="Tokens per model call.")
-    seed: int | None = Field(
-        default=None, description="Sampling seed, where the server honours it."
+    Bounded here, so a row with ``max_tokens: 1e30`` or a negative temperature is refused
+    at validation with the field named, not later by the policy server (blamed on it).
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    temperature: float | None = Field(
+        default=None, ge=0.0, le=MAX_TEMPERATURE, description="Sampling temperature, 0 to 10."
     )
+    top_p: float | None = Field(
+        default=None, gt=0.0, le=1.0, description="Nucleus sampling mass, above 0 up to 1."
+    )
+    max_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_TOKENS,
+        description=f"Tokens per model call, 1 to {MAX_TOKENS:,} (beyond any model's context).",
+    )
+    seed: int | None = Field(
+        default=None,
+        ge=-(2**63),
+        le=2**63 - 1,
+        description="Sampling seed (a 64-bit integer), where the server honours it.",
+    )
+
+
+def _no_control_characters(value: str, what: str) -> str:
+    """``value`` unchanged, or a ValueError naming the first control character in it."""
+    for index, char in enumerate(value):
+        if unicodedata.category(char) == "Cc":
+            raise ValueError(
+                f"{what} must not contain control characters; found {char!r} at index {index}"
+            )
+    return value
 
 
 class Task(_Model):
     """One prompt plus the environment that scores it; ``tasks.read_tasks`` builds them."""
 
-    task_id: str = Field(description="Stable id; derived from the row's content when not given.")
-    environment: str = Field(description="Registered environment name, e.g. 'weather'.")
+    task_id: str = Field(
+        min_length=1,
+        max_length=MAX_ID_LENGTH,
+        description="Stable id; derived from the row's content when not given. No control "
+        f"characters, at most {MAX_ID_LENGTH} characters.",
+    )
+    environment: str = Field(
+        min_length=1,
+        max_length=MAX_ID_LENGTH,
+        description="Registered environment name, e.g. 'weather'. No control characters.",
+    )
     prompt: list[Message] = Field(min_length=1, description="Opening messages of the episode.")
     tools: list[dict[str, Any]] | None = Field(
         default=None,
@@ -104,6 +149,13 @@ class Task(_Model):
         description="Verifier fields (expected answer, test cases) and any other extra columns.",
     )
     sampling: SamplingParams | None = Field(default=None, description="Sampling overrides.")
+
+    @field_validator("task_id", "environment")
+    @classmethod
+    def _printable(cls, value: str, info: ValidationInfo) -> str:
+        # A NUL or newline in an id breaks file names, logs and the policy server's headers
+        # far from here; refused where the row is read, naming the field.
+        return _no_control_characters(value, info.field_name or "id")
 
     @field_validator("prompt")
     @classmethod

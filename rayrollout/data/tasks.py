@@ -26,6 +26,7 @@ raises ``InvalidTaskError`` naming the file, the line and the field.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -47,10 +48,24 @@ from rayrollout.data.nemo_gym_rows import (
 from rayrollout.data.schema import Task, stable_task_id
 from rayrollout.errors import InputError
 
-__all__ = ["UNSUPPORTED", "InvalidTaskError", "iter_task_rows", "parse_task_row", "read_tasks"]
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_ROW_BYTES",
+    "UNSUPPORTED",
+    "InvalidTaskError",
+    "UniqueTaskIds",
+    "iter_task_rows",
+    "nesting_depth",
+    "parse_task_row",
+    "read_tasks",
+]
 
 _OWN_KEYS = {"task_id", "environment", "prompt", "tools", "sampling"}
 MAX_ROW_BYTES = 16 * 1024 * 1024
+"""The largest task row (a JSONL line) read; a larger one is a row error."""
+MAX_DEPTH = 64
+"""How deeply a task row may nest objects and lists; a deeper one is a row error (Python's
+own JSON reader and the validators recurse, and would fail with no line named)."""
 
 
 class InvalidTaskError(InputError, ValueError):
@@ -107,6 +122,9 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any] | InvalidTaskE
                 message = f"malformed JSON: {exc.msg} at column {exc.colno}"
                 yield line_no, InvalidTaskError(source, line_no, None, message), raw
                 continue
+            except RecursionError:  # nested past what Python's JSON reader can follow
+                yield line_no, InvalidTaskError(source, line_no, None, _too_deep()), raw
+                continue
             if not isinstance(row, dict):
                 message = f"a row must be a JSON object, got {type(row).__name__}"
                 yield line_no, InvalidTaskError(source, line_no, None, message), raw
@@ -122,6 +140,29 @@ def _iter_parquet(
         for row in batch.to_pylist():
             line_no += 1
             yield line_no, {k: v for k, v in row.items() if v is not None}, None
+
+
+def _too_deep() -> str:
+    return (
+        f"nested deeper than {MAX_DEPTH} levels of objects and lists; flatten the row "
+        "(or move the deep value into a JSON string field)"
+    )
+
+
+def nesting_depth(value: Any, limit: int = MAX_DEPTH) -> int:
+    """How deeply ``value`` nests dicts and lists (a scalar is 0), counted without recursion
+    and stopping once past ``limit`` (so a hostile row costs no more than a fair one)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if not isinstance(item, (dict, list)):
+            continue
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return deepest
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
 
 
 def parse_task_row(
@@ -143,6 +184,8 @@ def parse_task_row(
     def fail(field: str | None, message: str) -> InvalidTaskError:
         return InvalidTaskError(source, line, field, message)
 
+    if nesting_depth(row) > MAX_DEPTH:
+        raise fail(None, _too_deep())
     flat, envelope_id, usersim = unwrap(row, fail)
     nemo_gym = "responses_create_params" in flat
     if nemo_gym:
@@ -182,7 +225,8 @@ def parse_task_row(
         field = ".".join(str(p) for p in first["loc"]) or None
         if nemo_gym and field == "prompt":
             field = "responses_create_params.input"
-        raise fail(field, f"{first['msg']} (got {short(first.get('input'))})") from None
+        message = first["msg"].removeprefix("Value error, ")  # our validators' own text
+        raise fail(field, f"{message} (got {short(first.get('input'))})") from None
 
 
 def _chat_tools(tools: Any, fail: Fail) -> list[dict[str, Any]]:
@@ -216,6 +260,39 @@ def _chat_tools(tools: Any, fail: Fail) -> list[dict[str, Any]]:
     return out
 
 
+class UniqueTaskIds:
+    """Refuses a ``task_id`` already taken by an earlier row of the same file (or list).
+
+    Two rows with one id would both run and write the same ``(task_id, sample_index)``
+    keys, and ``--resume`` would count either as the other. A repeat with different content
+    is an error naming both lines; an exact copy is an error too (not silently dropped: a
+    copy usually means a file was concatenated twice, and more samples of a task are
+    ``--num-repeats``). Only valid rows claim an id, so a rejected row never blocks a later
+    one. Keeps 8 bytes of digest per id (about 100 bytes a task with the id itself).
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[int, bytes]] = {}
+
+    def check(self, task: Task, source: str, line: int) -> None:
+        """Claim ``task``'s id for ``line``, or raise ``InvalidTaskError`` naming the first."""
+        digest = hashlib.blake2b(task.model_dump_json().encode(), digest_size=8).digest()
+        first_line, first_digest = self._seen.setdefault(task.task_id, (line, digest))
+        if first_line == line:
+            return
+        if first_digest == digest:
+            message = (
+                f"task_id {task.task_id!r} repeats line {first_line} exactly; remove the copy "
+                "(more samples of one task: --num-repeats)"
+            )
+        else:
+            message = (
+                f"task_id {task.task_id!r} is also on line {first_line}, with different "
+                "content; task ids must be unique: give one of the two rows another task_id"
+            )
+        raise InvalidTaskError(source, line, "task_id", message)
+
+
 def read_tasks(
     path: str | Path,
     *,
@@ -232,8 +309,12 @@ def read_tasks(
             errors of field 'environment'.
         on_invalid: Called with each bad row's error (and raw text) instead of raising; the
             rest of the file still streams (``--skip-invalid``).
+
+    A row nested deeper than ``MAX_DEPTH``, a line over ``MAX_ROW_BYTES`` and a ``task_id``
+    an earlier row took (``UniqueTaskIds``) are row errors like any other.
     """
     source = Path(path).name
+    unique = UniqueTaskIds()
     for line, row, raw in iter_task_rows(path):
         try:
             if isinstance(row, InvalidTaskError):
@@ -248,6 +329,7 @@ def read_tasks(
                     "environment",
                     f"unknown environment {task.environment!r} (see `rayrollout env list`)",
                 )
+            unique.check(task, source, line)
         except InvalidTaskError as exc:
             if on_invalid is None:
                 raise

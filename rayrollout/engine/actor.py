@@ -17,13 +17,15 @@ environments up on Serve in ``deploy``.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from typing import Any
 
 import pyarrow as pa
 import ray
-from ray.exceptions import ActorDiedError, ActorUnavailableError
+from pydantic import SecretStr
+from ray.exceptions import ActorUnavailableError, RayActorError
 
 from rayrollout.data.config import RunConfig
 from rayrollout.data.run_folder import RunFolder
@@ -43,7 +45,7 @@ from rayrollout.engine.weights import WeightSync
 __all__ = ["ENGINE_NAME", "EngineActor"]
 
 ENGINE_NAME = "engine"
-_AGENT_CALL_ATTEMPTS = 3
+_RESEND_BACKOFF_S = (0.5, 1.0, 2.0, 4.0)  # then every 4 s until agents.restart_deadline_s
 logger = logging.getLogger(__name__)
 
 
@@ -59,7 +61,13 @@ class EngineActor(TrainingLoopAPI):
     """Runs episodes on the agent pool and streams their rows to the output folder."""
 
     def __init__(
-        self, config: RunConfig, policy_url: str, run_id: str, detached: bool = False
+        self,
+        config: RunConfig,
+        policy_url: str,
+        run_id: str,
+        detached: bool = False,
+        policy_key: SecretStr | None = None,  # for the agents only (engine/secret_env.py)
+        driver_pid: int | None = None,  # the run's driver, noted in the folder's lock
     ) -> None:
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
         self.config = config
@@ -71,11 +79,15 @@ class EngineActor(TrainingLoopAPI):
                 namespace=config.namespace,
                 max_concurrency=100_000,
                 **agent_actor_options(config, {"num_cpus": config.agents.num_cpus}),
-            ).remote(agent_name(i), config, policy_url)
+            ).remote(agent_name(i), config, policy_url, policy_key)
             for i in range(config.agents.num_agents)
         ]
         out = config.output
+        self.run_id = run_id
         self.folder = RunFolder(out.dir, out.format)
+        # Noted in the folder's lock: a second run refuses at once while this run's driver
+        # lives, and waits out this actor if the driver was killed (see folder_lock).
+        self.folder.driver_pid = None if detached else driver_pid
         self.sink = make_sink(self.folder, out.format, run_id)
         self.writer = PartWriter(self.sink, out.rows_per_part, out.flush_interval_s)
         self.run_stats = RunStats()
@@ -117,6 +129,7 @@ class EngineActor(TrainingLoopAPI):
             "output_dir": self.config.output.dir,
             "output_format": self.config.output.format,
             "num_agents": len(self.agents),
+            "run_id": self.run_id,
         }
 
     async def ensure_environments(self, names: list[str]) -> None:
@@ -227,10 +240,13 @@ class EngineActor(TrainingLoopAPI):
             call.add_done_callback(self.calls.discard)
 
     async def _run_chunk(self, index: int, chunk: list[EpisodeSpec]) -> None:
-        """One streaming agent call; a dead or restarting agent gets the episodes it had not
-        handed back again, then they end as errors."""
+        """One streaming agent call. A dead or restarting agent gets the episodes it had not
+        handed back again, as often as it takes Ray to bring it back, up to
+        ``agents.restart_deadline_s`` (minutes: a loaded machine restarts an actor slowly);
+        only past that do they end as error rows."""
         agent, pending, error = self.agents[index], list(chunk), ""
-        for attempt in range(_AGENT_CALL_ATTEMPTS):
+        deadline = time.monotonic() + self.config.agents.restart_deadline_s
+        for attempt in itertools.count():
             sent = pending
             try:
                 async for ref in agent.run.remote(sent, self.weights.state()):
@@ -243,9 +259,17 @@ class EngineActor(TrainingLoopAPI):
                     return
                 error = f"agent ended its call with {len(pending)} episodes unanswered"
                 break
-            except (ActorDiedError, ActorUnavailableError) as exc:
-                error = f"agent actor unavailable after {attempt + 1} attempts: {exc}"
-                await asyncio.sleep(0.5 * 2**attempt)
+            except (RayActorError, ActorUnavailableError) as exc:
+                pause = _RESEND_BACKOFF_S[min(attempt, len(_RESEND_BACKOFF_S) - 1)]
+                if time.monotonic() + pause > deadline:
+                    error = (
+                        f"agent actor still unavailable after {attempt + 1} attempts over "
+                        f"agents.restart_deadline_s={self.config.agents.restart_deadline_s:g}: "
+                        f"{exc}"
+                    )
+                    break
+                logger.warning("agent %s unavailable (%s); resending in %.1fs", index, exc, pause)
+                await asyncio.sleep(pause)
             except Exception as exc:
                 error = f"agent failed: {type(exc).__name__}: {exc}"
                 break

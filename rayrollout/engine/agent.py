@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import ray
+from pydantic import SecretStr
 from ray import serve
 
 from rayrollout.data.config import RunConfig
@@ -49,14 +50,19 @@ def agent_name(index: int) -> str:
 class AgentRunner:
     """The agent's logic, usable without Ray (tests, benchmarks of the bare loop)."""
 
-    def __init__(self, name: str, config: RunConfig, policy_url: str) -> None:
+    def __init__(
+        self, name: str, config: RunConfig, policy_url: str, policy_key: SecretStr | None = None
+    ) -> None:
         self.name = name
         self.config = config
         # One connection per episode this agent may hold in flight, so no call queues for one.
         per_agent = -(-config.concurrency // config.agents.num_agents)
         # Every model call passes the gate: pause/resume for weight updates, versions per turn.
         self.gate = PolicyGate(config.training.max_staleness)
-        self.policy = PolicyClient(config.policy, policy_url, per_agent + 16, self.gate)
+        # The key as data, never in this process's environment (engine/secret_env.py): tool
+        # subprocesses of inline environments inherit that environment.
+        key = policy_key.get_secret_value() if policy_key is not None else None
+        self.policy = PolicyClient(config.policy, policy_url, per_agent + 16, self.gate, key)
         self.handles: dict[str, Any] = {}
         self.env_classes: dict[str, type[Environment]] = {}  # by registered name, once loaded
         self.batchers: dict[str, BatchingHandle] = {}
@@ -152,11 +158,18 @@ class AgentRunner:
 
 @ray.remote(max_restarts=-1, max_task_retries=0)
 class AgentActor:
-    """One agent of the pool (named ``agent:<i>`` in the run's namespace)."""
+    """One agent of the pool (named ``agent:<i>`` in the run's namespace).
 
-    def __init__(self, name: str, config: RunConfig, policy_url: str) -> None:
+    ``policy_key`` is the driver's policy API key (``secrets.policy_key``): the agent is
+    the only process that calls the policy, so the only one given it. Ray keeps it with the
+    actor's constructor arguments, so a restarted agent has it again.
+    """
+
+    def __init__(
+        self, name: str, config: RunConfig, policy_url: str, policy_key: SecretStr | None = None
+    ) -> None:
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
-        self.runner = AgentRunner(name, config, policy_url)
+        self.runner = AgentRunner(name, config, policy_url, policy_key)
 
     async def run(
         self, specs: list[EpisodeSpec], policy_state: tuple[int, bool] | None = None

@@ -14,6 +14,7 @@ import ray
 from ray import serve
 
 from rayrollout.data.config import RunConfig
+from rayrollout.engine.secret_env import without_secrets
 from rayrollout.errors import InputError
 from rayrollout.policy.kinds import policy_kind
 
@@ -31,15 +32,22 @@ class PolicyEndpointError(InputError, ValueError):
 
 
 def ensure_ray(config: RunConfig) -> None:
-    """Join the configured cluster (or RAY_ADDRESS), or start a local Ray."""
+    """Join the configured cluster (or RAY_ADDRESS), or start a local Ray.
+
+    A local Ray starts without the driver's secrets (``secrets.without_secrets``): the
+    GCS, the raylet and every worker it forks inherit the environment ``ray.init`` runs
+    in, and tool code in an environment replica can read its own or its parent's. The
+    policy key reaches the agents as a constructor argument instead (``secrets``).
+    """
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     address = config.ray.address or os.environ.get("RAY_ADDRESS")
     kwargs: dict = {"namespace": config.namespace, "logging_level": logging.WARNING}
-    if address:
+    if address:  # a cluster started by someone else: its workers' environment is theirs
         ray.init(address=address, **kwargs)
-    else:
+        return
+    with without_secrets(extra=[config.policy.api_key_env]):
         ray.init(
             address="local",  # join a cluster only when RAY_ADDRESS or --address says so
             num_cpus=config.ray.num_cpus or max(2, os.cpu_count() or 2),

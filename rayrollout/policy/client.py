@@ -88,12 +88,15 @@ class PolicyClient:
         base_url: str,
         max_connections: int = 1000,
         gate: PolicyGate | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.config = config
         self.gate = gate
         self.base_url = base_url
         self.max_connections = max_connections
-        self.api_key = os.environ.get(config.api_key_env) or "not-needed"
+        # Given by the agent (the driver's key, passed as data: engine/secret_env.py), else
+        # this process's environment (a cluster whose nodes were started with the key set).
+        self.api_key = api_key or os.environ.get(config.api_key_env) or "not-needed"
         self.http = PolicyHttp(
             base_url, self.api_key, config.timeout_s, config.max_retries, max_connections
         )

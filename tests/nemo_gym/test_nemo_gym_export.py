@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_export import collect_run, invoke, real_task_lines
+from tests.exports import collect_run, invoke, real_task_lines
 
 # Every policy call of this task outlasts the policy timeout below: both samples fail.
 SLOW_TASK = {

@@ -195,3 +195,22 @@ async def test_inline_and_serve_hosting_give_the_same_results():
     assert served == inline
     assert inline[0].content == "exit code 0\nstdout:\n9\n\nstderr:\n"
     assert inline[1].reward == 1.0
+
+
+async def test_run_python_names_the_fix_when_bubblewrap_is_missing(monkeypatch: pytest.MonkeyPatch):
+    from rayrollout.environments.code import _bwrap
+
+    which = _bwrap.shutil.which
+    monkeypatch.setattr(
+        _bwrap.shutil, "which", lambda name: None if name == "bwrap" else which(name)
+    )
+    _bwrap.check_bubblewrap.cache_clear()
+    try:
+        result = await CodeEnv(TASK).call_tool("run_python", '{"code": "print(1)"}')
+    finally:
+        _bwrap.check_bubblewrap.cache_clear()
+    assert result.is_error
+    assert (
+        "`apt-get install bubblewrap`" in result.content
+        and "never run unsandboxed" in result.content
+    )

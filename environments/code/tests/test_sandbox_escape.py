@@ -1,203 +1,328 @@
-"""Code that tries to escape each limit of the code environment's sandbox, and fails to.
+"""Attacks on the code environment's sandbox by code that knows it is sandboxed; each fails.
 
-Time (loops, sleeps, processes left behind), memory, network, the file system outside the
-run's working directory, and output size. Each attempt runs through ``run_sandboxed`` as a
-model's code would; attempts that must fail print what happened so the test can check it.
+Most attacks first switch the in-process audit hook off (``UNHOOK`` rewrites its closure
+cells through ``gc``), so what they test is bubblewrap, the boundary. Where it is cheap and
+harmless, the same code also runs as a control in a plain child of this process with the
+audit hook alone (the sandbox this one replaced), and succeeds there: each assertion on the
+sandbox is one a weaker sandbox would fail. A key planted as ``OPENAI_API_KEY`` must be in
+no output of any attack (``attack`` checks every one).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
-import textwrap
-import time
+import sysconfig
 import uuid
 from pathlib import Path
 
 import pytest
-from rayrollout.environments.code.sandbox import network_isolation, run_sandboxed
+from escape_kit import REPO, attack, control, script
+from rayrollout.environments.code.sandbox import UID_RANGE, RunResult
 
-# The child runs each attempt and reports "blocked: <error>" or "ESCAPED".
-ATTEMPTS = """\
-import json, os
-outcomes = {}
-def attempt(name, action):
-    try:
-        action()
-    except BaseException as exc:
-        outcomes[name] = f"blocked: {type(exc).__name__}: {exc}"
-    else:
-        outcomes[name] = "ESCAPED"
+READ_ONLY = "OSError: [Errno 30] Read-only file system"
+ABSENT = "FileNotFoundError: [Errno 2]"
+WRITE_TARGETS = {  # where: (folder, how the sandbox refuses it)
+    "tmp": (Path("/tmp"), READ_ONLY),
+    "repo": (REPO / "environments" / "code", ABSENT),
+    "interpreter-site-packages": (
+        Path(sysconfig.get_paths(vars={"base": sys.base_prefix})["purelib"]),
+        READ_ONLY,
+    ),
+    "venv-site-packages": (Path(sysconfig.get_paths()["purelib"]), ABSENT),
+}
+
+
+@pytest.mark.parametrize("where", WRITE_TARGETS)
+async def test_switching_the_audit_hook_off_does_not_allow_writes_outside(where, tmp_path):
+    folder, refusal = WRITE_TARGETS[where]
+    target = folder / f"escape-{uuid.uuid4().hex}"
+    code = script("print(attempt(lambda: open('$target', 'w').write('x')))", target=target)
+    assert (await attack(code)).stdout.startswith(f"blocked: {refusal}")
+    assert not target.exists()
+    assert control(code, tmp_path).startswith("ESCAPED")  # the hook alone: it gets out
+    target.unlink()
+
+
+async def test_an_os_open_with_dir_fd_cannot_create_files_outside(tmp_path):
+    target = Path("/tmp") / f"escape-{uuid.uuid4().hex}"
+    code = script(
+        """
+        tmp = os.open("/tmp", os.O_RDONLY)
+        print(attempt(lambda: os.open("$name", os.O_CREAT | os.O_WRONLY, dir_fd=tmp)))
+        """,
+        unhook=False,  # the hook judges "escape-..." relative to the work dir: it lets it pass
+        name=target.name,
+    )
+    assert "blocked: OSError: [Errno 30] Read-only" in (await attack(code)).stdout
+    assert not target.exists()
+    assert control(code, tmp_path).startswith("ESCAPED")
+    target.unlink()
+
+
+# Each hunt prints what it finds that looks like a planted key, and only that (the controls
+# read real processes of this machine, whose other variables are none of this test's business).
+SECRET_HUNTS = {
+    "parent environ": "print(attempt(lambda: keys(read(f'/proc/{os.getppid()}/environ')), True))",
+    "replica environ by pid": "print(attempt(lambda: keys(read('/proc/$replica/environ')), True))",
+    "every environ": """
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            print(pid, attempt(lambda: keys(read(f"/proc/{pid}/environ")), True))
+        """,
+    "own environment": "print(keys(str(os.environ)))",
+    "parent memory": """
+        def read_stack():
+            maps = open(f"/proc/{os.getppid()}/maps").read().splitlines()
+            stack = next(line for line in maps if "[stack]" in line).split()[0]
+            start, end = (int(x, 16) for x in stack.split("-"))
+            with open(f"/proc/{os.getppid()}/mem", "rb") as mem:
+                mem.seek(start)
+                return keys(mem.read(end - start).decode("latin-1"))
+        print(attempt(read_stack, True))
+        """,
+}
+KEYS = """\
+import re
+def keys(text):
+    return re.findall(r"sk-planted-[0-9a-f]+", text)
+def read(path):
+    return open(path).read()
+"""
+# A stand-in for an environment replica that got the run's key from its parent: it runs each
+# hunt through the sandbox and, as the control, as a plain child of itself.
+REPLICA = """\
+import asyncio, json, os, pathlib, sys, tempfile
+sys.path.insert(0, sys.argv[1])
+from rayrollout.environments.code.sandbox import run_sandboxed
+from escape_kit import control, script
+from test_sandbox_escape import KEYS, SECRET_HUNTS
+async def main():
+    out = {}
+    for name, hunt in SECRET_HUNTS.items():
+        code = script(KEYS + textwrap_dedent(hunt), replica=os.getpid())
+        result = await run_sandboxed(code)
+        plain = control(code, pathlib.Path(tempfile.mkdtemp()))
+        out[name] = [result.stdout + result.stderr, plain]
+    print(json.dumps(out))
+from textwrap import dedent as textwrap_dedent
+asyncio.run(main())
 """
 
 
-def attempts(body: str) -> str:
-    return ATTEMPTS + textwrap.dedent(body) + "\nprint(json.dumps(outcomes))\n"
+async def test_no_secret_hunt_finds_the_key_planted_in_its_replica():
+    key = f"sk-planted-{uuid.uuid4().hex}"
+    command = [sys.executable, "-c", REPLICA, str(Path(__file__).parent)]
+    env = {**os.environ, "OPENAI_API_KEY": key}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    outputs = json.loads(done.stdout.splitlines()[-1])
+    assert set(outputs) == set(SECRET_HUNTS)
+    assert [name for name, (sandboxed, _) in outputs.items() if key in sandboxed] == []
+    leaked = {name for name, (_, plain) in outputs.items() if key in plain}
+    assert {"parent environ", "replica environ by pid", "every environ"} <= leaked
 
 
-def outcomes_of(stdout: str) -> dict[str, str]:
-    return json.loads(stdout.strip().splitlines()[-1])
+async def test_an_episode_cannot_read_or_write_a_concurrent_episodes_files(tmp_path):
+    victim_code = script(
+        """
+        import time
+        open("secret.txt", "w").write("episode-A-secret")
+        time.sleep(2)
+        print(open("secret.txt").read(), sorted(os.listdir(".")))
+        """
+    )
+    thief_code = script(
+        """
+        import glob
+        found = {}
+        places = ["/tmp/rayrollout-code-*", "/proc/*/cwd", "/proc/*/root/tmp/rayrollout-code-*"]
+        for where in places:
+            for path in glob.glob(f"{where}/secret.txt"):
+                found[path] = attempt(lambda: open(path).read(40), True)
+                attempt(lambda: open(path, "a").write("pwned"))
+        print(json.dumps(found))
+        """
+    )
+
+    async def thief() -> RunResult:
+        await asyncio.sleep(0.5)
+        return await attack(thief_code)
+
+    episode, stolen = await asyncio.gather(attack(victim_code), thief())
+    assert episode.stdout == "episode-A-secret ['main.py', 'secret.txt']\n"
+    assert "episode-A-secret" not in stolen.stdout
+    assert json.loads(stolen.stdout) == {}  # it sees no other episode's folder at all
+    other = Path("/tmp") / f"rayrollout-code-control-{uuid.uuid4().hex}"  # the control
+    other.mkdir()
+    try:
+        (other / "secret.txt").write_text("episode-A-secret")
+        assert "episode-A-secret" in control(thief_code, tmp_path / "thief")
+    finally:
+        (other / "secret.txt").unlink()
+        other.rmdir()
 
 
 @pytest.mark.parametrize(
-    "code",
-    ["while True:\n    pass\n", "import time\ntime.sleep(60)\n"],
-    ids=["infinite-loop", "sleep"],
+    "path",
+    ["/root/.bashrc", "/etc/shadow", str(REPO / "pyproject.toml")],
+    ids=["root", "shadow", "repo"],
 )
-async def test_code_running_past_the_time_limit_is_killed(code):
-    started = time.monotonic()
-    result = await run_sandboxed(code, timeout_s=1.0)
-    assert result.timed_out and result.exit_code is None
-    assert time.monotonic() - started < 5
+async def test_files_of_the_host_cannot_be_read(path, tmp_path):
+    code = script("print(attempt(lambda: len(open('$path').read())))", path=path)
+    assert (await attack(code)).stdout.startswith("blocked: FileNotFoundError")
+    assert control(code, tmp_path).startswith("ESCAPED")
 
 
-async def test_code_cannot_start_processes_that_outlive_it():
-    marker = f"sandbox-escape-{uuid.uuid4().hex}"
-    code = attempts(
-        f"""
-        import subprocess, _posixsubprocess
-        attempt("fork", lambda: os.fork())
-        attempt("popen", lambda: subprocess.Popen(["sleep", "60", "{marker}"]))
-        attempt("system", lambda: os.system("sleep 60 {marker} &"))
-        attempt("exec", lambda: os.execv("/bin/sleep", ["sleep", "60", "{marker}"]))
-        attempt("spawn", lambda: os.posix_spawn("/bin/sleep", ["sleep", "60"], {{}}))
-        attempt("fork_exec", lambda: _posixsubprocess.fork_exec(
-            [b"/bin/sleep"], [b"/bin/sleep"], True, (), None, None,
-            -1, -1, -1, -1, -1, -1, -1, -1, False, False, 0, None, None, None, -1, None, False))
-        attempt("kill parent", lambda: os.kill(os.getppid(), 9))
-        attempt("ctypes", lambda: __import__("ctypes").CDLL(None).fork())
+async def test_links_to_files_outside_do_not_reach_them(outside, tmp_path):
+    code = script(
         """
+        print(attempt(lambda: os.link("$outside", "hard")))
+        print(attempt(lambda: os.link("/usr/bin/env", "hard-usr")))
+        os.symlink("$outside", "soft")
+        print(attempt(lambda: open("soft").read(), True))
+        print(attempt(lambda: open("soft", "a").write("x")))
+        """,
+        outside=outside,
     )
-    result = await run_sandboxed(code, timeout_s=5.0)
-    outcomes = outcomes_of(result.stdout)
-    assert set(outcomes) == {
-        "fork", "popen", "system", "exec", "spawn", "fork_exec", "kill parent", "ctypes",
-    }  # fmt: skip
-    for name, outcome in outcomes.items():
-        assert outcome.startswith("blocked: PermissionError: sandbox:"), (name, outcome)
-    leftovers = [
-        pid for pid in os.listdir("/proc") if pid.isdigit() and marker.encode() in _cmdline(pid)
+    assert (await attack(code)).stdout.splitlines() == [
+        f"blocked: FileNotFoundError: [Errno 2] No such file or directory: '{outside}' -> 'hard'",
+        "blocked: OSError: [Errno 18] Invalid cross-device link: '/usr/bin/env' -> 'hard-usr'",
+        "blocked: FileNotFoundError: [Errno 2] No such file or directory: 'soft'",
+        "blocked: FileNotFoundError: [Errno 2] No such file or directory: 'soft'",
     ]
-    assert leftovers == []
+    plain = control(code, tmp_path / "ctl").splitlines()
+    assert (plain[0], plain[2]) == ("ESCAPED", "ESCAPED: 'outside-secret'")
+    assert outside.read_text() == "outside-secretx"  # the control wrote through the symlink
 
 
-def _cmdline(pid: str) -> bytes:
+SYMLINK_RACE = """
+import threading, time
+# two directories swap names under "cur": in one "link" points inside, in the other outside
+os.makedirs("good"); os.makedirs("evil"); open("inside.txt", "w").close()
+os.symlink(os.path.abspath("inside.txt"), "good/link"); os.symlink("$target", "evil/link")
+os.rename("good", "cur")
+def flip():
+    while True:
+        os.rename("cur", "good"); os.rename("evil", "cur")
+        os.rename("cur", "evil"); os.rename("good", "cur")
+threading.Thread(target=flip, daemon=True).start()
+deadline = time.monotonic() + 1.5
+while time.monotonic() < deadline:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
+        with open("cur/link", "a") as file:
+            file.write("raced")
     except OSError:
-        return b""
+        pass
+print("done")
+"""
 
 
-async def test_allocating_two_gib_fails_inside_the_memory_limit():
-    code = "data = bytearray(2 * 1024**3)\nprint('ESCAPED', len(data))\n"
-    result = await run_sandboxed(code, timeout_s=5.0, memory_bytes=512 * 1024 * 1024)
-    assert result.exit_code == 1 and not result.timed_out
-    assert "MemoryError" in result.stderr and "ESCAPED" not in result.stdout
+async def test_a_symlink_race_against_the_audit_hook_writes_nothing_outside(tmp_path):
+    target = tmp_path / "raced.txt"
+    code = script(SYMLINK_RACE, unhook=False, target=target)  # the hook on: the race beats it
+    result = await attack(code, timeout_s=10)
+    assert result.stdout == "done\n" and not target.exists()
+    control(code, tmp_path / "ctl")
+    assert target.exists()  # with the hook alone, the race wrote outside
 
 
-@pytest.fixture
-def listening_port():
-    """A TCP server on 127.0.0.1 that the sandboxed code must not reach."""
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        server.setblocking(False)
-        yield server
+async def test_ptrace_and_proc_mem_cannot_reach_other_processes(victim, tmp_path):
+    trace = """
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        def seize(pid):  # PTRACE_SEIZE: traces without stopping; the tracer's exit detaches
+            if libc.ptrace(0x4206, pid, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+        print(attempt(lambda: seize($victim)))
+        print(attempt(lambda: open("/proc/$victim/mem", "rb")))
+        """
+    code = script(trace + "print(attempt(lambda: seize(os.getppid())))\n", victim=victim.pid)
+    lines = (await attack(code)).stdout.splitlines()
+    assert lines[0] == "blocked: ProcessLookupError: [Errno 3] No such process"  # not in its ns
+    assert lines[1].startswith("blocked: FileNotFoundError")
+    assert lines[2] == "blocked: PermissionError: [Errno 1] Operation not permitted"  # its init
+    plain = control(script(trace, victim=victim.pid), tmp_path).splitlines()
+    assert plain == ["ESCAPED", "ESCAPED"]
+    assert victim.poll() is None
 
 
-async def test_code_cannot_open_any_network_connection(listening_port):
-    port = listening_port.getsockname()[1]
-    code = attempts(
-        f"""
-        import socket, urllib.request
-        attempt("tcp to loopback", lambda: socket.create_connection(("127.0.0.1", {port}), 2))
-        attempt("udp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
-        attempt("dns", lambda: socket.getaddrinfo("example.com", 80))
-        attempt("http", lambda: urllib.request.urlopen("http://127.0.0.1:{port}/", timeout=2))
+async def test_signals_cannot_reach_other_processes(victim, tmp_path):
+    code = script(
+        """
+        import signal
+        print(attempt(lambda: os.kill($victim, 0)))
+        print(attempt(lambda: os.kill($victim, signal.SIGKILL)))
+        print(attempt(lambda: os.kill($host_pid, signal.SIGKILL)))
+        print(attempt(lambda: os.kill(os.getppid(), signal.SIGKILL)))
+        print(attempt(lambda: os.kill(1, signal.SIGKILL)))  # its init, not the host's
+        print(attempt(lambda: os.kill(-1, signal.SIGKILL)))  # all it may signal: none but itself
+        """,
+        victim=victim.pid,
+        host_pid=os.getpid(),
+    )
+    lines = (await attack(code)).stdout.splitlines()
+    assert lines[:3] == ["blocked: ProcessLookupError: [Errno 3] No such process"] * 3
+    assert lines[3:5] == ["blocked: PermissionError: [Errno 1] Operation not permitted"] * 2
+    assert lines[5] == "blocked: ProcessLookupError: [Errno 3] No such process"
+    assert victim.poll() is None
+    probe = script("print(attempt(lambda: os.kill($victim, 0)))", victim=victim.pid)
+    assert control(probe, tmp_path) == "ESCAPED\n"
+
+
+async def test_code_runs_as_an_unprivileged_uid_and_cannot_become_root(tmp_path):
+    code = script(
+        """
+        print(os.getuid(), os.getgid(), os.getgroups())
+        print(attempt(lambda: os.setuid(0)))
+        caps = [l for l in open("/proc/self/status") if l.startswith(("CapEff", "CapBnd", "NoNew"))]
+        print(json.dumps(caps))
         """
     )
-    result = await run_sandboxed(code, timeout_s=10.0)
-    outcomes = outcomes_of(result.stdout)
-    assert len(outcomes) == 4
-    for name, outcome in outcomes.items():
-        assert outcome.startswith("blocked:") and "sandbox: network access" in outcome, (
-            name,
-            outcome,
-        )
-    with pytest.raises(BlockingIOError):
-        listening_port.accept()  # nobody connected
+    lines = (await attack(code)).stdout.splitlines()
+    uid, gid, groups = lines[0].split(" ", 2)
+    assert int(uid) in UID_RANGE and gid == uid and groups == "[]"
+    assert lines[1] == "blocked: PermissionError: [Errno 1] Operation not permitted"
+    assert json.loads(lines[2]) == [
+        "CapEff:\t0000000000000000\n",
+        "CapBnd:\t0000000000000000\n",
+        "NoNewPrivs:\t1\n",
+    ]
+    assert control(code, tmp_path).startswith("0 0 ")  # as root without the sandbox
 
 
-def test_the_network_namespace_alone_already_cuts_off_loopback(listening_port):
-    """The kernel layer, without the audit hook: nothing listens in an empty namespace."""
-    prefix = network_isolation()
-    if not prefix:
-        pytest.skip("this kernel refuses network namespaces here; the audit hook still applies")
-    port = listening_port.getsockname()[1]
-    probe = f"import socket; socket.create_connection(('127.0.0.1', {port}), 2)"
-    result = subprocess.run(
-        [*prefix, sys.executable, "-c", probe], capture_output=True, text=True, timeout=30
-    )
-    assert result.returncode != 0
-    assert "ConnectionRefusedError" in result.stderr or "unreachable" in result.stderr
-
-
-async def test_code_cannot_write_outside_its_working_directory(tmp_path):
-    outside = Path("/tmp") / f"escape-{uuid.uuid4().hex}"
-    victim = tmp_path / "keep-me.txt"
-    victim.write_text("precious")
-    code = attempts(
-        f"""
-        import pathlib, shutil
-        outside = {str(outside)!r}
-        attempt("open", lambda: open(outside, "w").write("x"))
-        attempt("append", lambda: open({str(victim)!r}, "a").write("x"))
-        attempt("os.open", lambda: os.open(outside, os.O_CREAT | os.O_WRONLY))
-        attempt("pathlib", lambda: pathlib.Path(outside).write_text("x"))
-        attempt("mkdir", lambda: os.mkdir(outside))
-        attempt("remove", lambda: os.remove({str(victim)!r}))
-        attempt("chmod", lambda: os.chmod({str(victim)!r}, 0o777))
-        open("inside.txt", "w").write("fine")
-        attempt("rename out", lambda: os.rename("inside.txt", outside))
-        attempt("copy out", lambda: shutil.copy("inside.txt", outside))
-        os.symlink(outside, "link")
-        attempt("write via symlink", lambda: open("link", "w").write("x"))
-        print("WORKDIR", os.getcwd())
+async def test_a_user_namespace_of_its_own_cannot_remount_the_root_writable():
+    code = script(
+        """
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        def check(result):
+            if result != 0:
+                raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+        print(attempt(lambda: check(libc.unshare(0x10000000 | 0x00020000))))  # user + mount
+        MS_REMOUNT, MS_BIND = 32, 4096
+        print(attempt(lambda: check(libc.mount(None, b"/usr", None, MS_REMOUNT | MS_BIND, None))))
+        print(attempt(lambda: open("/usr/escape", "w")))
         """
     )
-    result = await run_sandboxed(code, timeout_s=10.0)
-    outcomes = outcomes_of(result.stdout)
-    assert len(outcomes) == 10
-    for name, outcome in outcomes.items():
-        assert "sandbox:" in outcome and "outside the working directory" in outcome, (
-            name,
-            outcome,
-        )
-    assert not outside.exists()
-    assert victim.read_text() == "precious"
-    workdir = next(line for line in result.stdout.splitlines() if line.startswith("WORKDIR"))
-    assert not Path(workdir.split(" ", 1)[1]).exists()  # the per-run directory is gone
+    lines = (await attack(code)).stdout.splitlines()
+    assert lines[1] == "blocked: PermissionError: [Errno 1] Operation not permitted"  # locked
+    assert lines[2].startswith("blocked: OSError: [Errno 30] Read-only file system")
+    assert not Path("/usr/escape").exists()
 
 
-async def test_writing_inside_the_working_directory_still_works():
-    code = (
-        "import os, pathlib\n"
-        "pathlib.Path('data').mkdir()\n"
-        "pathlib.Path('data/a.txt').write_text('hello')\n"
-        "os.rename('data/a.txt', 'b.txt')\n"
-        "print(open('b.txt').read(), open(os.devnull, 'w').write('quiet'))\n"
-    )
-    result = await run_sandboxed(code)
-    assert (result.exit_code, result.stdout.strip()) == (0, "hello 5")
-
-
-async def test_a_flood_of_output_is_capped():
-    code = "import sys\nfor _ in range(50):\n    sys.stdout.write('x' * 1024 * 1024)\n"
-    started = time.monotonic()
-    result = await run_sandboxed(code, timeout_s=20.0, output_bytes=8 * 1024)
-    assert result.exit_code == 0 and time.monotonic() - started < 15
-    assert len(result.stdout) < 8 * 1024 + 200
-    assert "[output truncated: 52428800 bytes, only the first 8192 are shown]" in result.stdout
+async def test_environment_injection_does_not_reach_the_code(monkeypatch, tmp_path):
+    injected = {
+        "LD_PRELOAD": "/nonexistent/evil.so",
+        "PYTHONSTARTUP": "/nonexistent/startup.py",
+        "BASH_ENV": "/nonexistent/bashrc",
+    }
+    for name, value in injected.items():
+        monkeypatch.setenv(name, value)
+    code = script("print(json.dumps(sorted(os.environ)))")
+    result = await attack(code)
+    assert json.loads(result.stdout) == ["HOME", "LANG", "PATH", "PWD", "TMPDIR"]
+    assert "ld.so" not in result.stderr
+    assert "cannot be preloaded" in control(code, tmp_path, env=dict(os.environ))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from rayrollout.data.convert import json_or_text
 from rayrollout.data.export.base import ExportError
 from rayrollout.data.schema import Message, Trajectory
 
@@ -52,7 +53,7 @@ def chat_message(message: Message) -> dict[str, Any]:
     """
     out = message.to_openai()
     for call in out.get("tool_calls") or []:
-        call["function"]["arguments"] = _arguments(call["function"]["arguments"])
+        call["function"]["arguments"] = json_or_text(call["function"]["arguments"], dict)
     return out
 
 
@@ -91,11 +92,3 @@ def dpo_row(chosen: Trajectory, rejected: Trajectory) -> dict[str, Any]:
 def tools_text(tools: list[dict[str, Any]]) -> str | None:
     """The ``tools`` column: the function schemas as JSON text (see the module's docstring)."""
     return json.dumps(tools, ensure_ascii=False) if tools else None
-
-
-def _arguments(text: str) -> Any:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return text
-    return value if isinstance(value, dict) else text

@@ -31,6 +31,7 @@ from typing import Any
 import aiohttp
 
 from rayrollout.data.config import EnvironmentConfig
+from rayrollout.data.convert import json_or_text
 from rayrollout.data.responses import (
     episode_response,
     items_to_messages,
@@ -218,7 +219,7 @@ class RemoteSession:
         status, text = await self._post(name, args)
         if status >= 500:
             raise self._fail(name, status, text)
-        content = _tool_output(text)
+        content = json_or_text(text, str)  # a JSON string unwrapped, else the body as is
         if status >= 400:
             error = content if content.startswith("Error") else f"Error: {content}"
             return ToolResult(content=error, is_error=True)
@@ -287,12 +288,3 @@ def rollout_id(episode_id: str) -> str:
     """
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", episode_id)
     return safe if safe[:1].isalnum() else f"r{safe}"
-
-
-def _tool_output(text: str) -> str:
-    """A tool response body as the text the model reads: a JSON string unwrapped, else as is."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return text
-    return value if isinstance(value, str) else text

@@ -1,0 +1,96 @@
+"""Secrets only where they are used: the policy key and the Ray processes of a run.
+
+Two rules, because a Ray process inherits the environment of whoever started it:
+
+1. **A Ray that rayrollout starts starts without secrets.** ``without_secrets`` takes every
+   secret-looking variable (``is_secret_name``) out of ``os.environ`` for the duration of
+   ``ray.init``, so the GCS, the raylet and every worker it forks later (environment
+   replicas, Serve's proxy, the engine, the agents) never hold them; the driver gets them
+   back as soon as Ray is up. A cluster rayrollout joins (``RAY_ADDRESS``, ``--address``,
+   ``ray job submit``) was started by someone else: its workers have whatever environment
+   ``ray start`` had, which is not ours to scrub.
+2. **The policy key travels to the agents only, as data.** The driver reads it once
+   (``policy_key``) and hands it to the engine actor's constructor as a ``SecretStr``; the
+   engine hands it to each agent's constructor, and the agent gives it to its
+   ``PolicyClient``. It is never put in a process environment (not even the agents': tool
+   subprocesses of an inline environment would inherit it there), never in a
+   ``runtime_env`` (Ray shows those in its state API and dashboard), and its repr is
+   ``'**********'``, so a logged argument shows stars. Ray keeps an actor's constructor
+   arguments to restart it, so a restarted agent gets the key again. On a joined cluster
+   this is also how the key gets there: it comes from the driver's environment, not the
+   workers'. Without a key in the driver's environment, an agent falls back to its own
+   environment (a cluster whose nodes were started with the key set).
+
+Example:
+    >>> import os
+    >>> os.environ["DEMO_API_KEY"] = "sk-demo"
+    >>> with without_secrets():
+    ...     "DEMO_API_KEY" in os.environ
+    False
+    >>> os.environ.pop("DEMO_API_KEY")
+    'sk-demo'
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+from pydantic import SecretStr
+
+from rayrollout.data.config import RunConfig
+
+__all__ = ["SECRET_NAME", "is_secret_name", "policy_key", "secret_names", "without_secrets"]
+
+# The rule, on the upper-cased name: a name ending in one of these words (whole words
+# between underscores), or any AWS_ variable (credentials, session tokens and the config
+# that finds them). RAY_ variables are Ray's own settings, kept: Ray's processes need
+# RAY_AUTH_TOKEN and friends to talk to each other.
+SECRET_NAME = re.compile(
+    r"(?:^|_)(?:API_?KEY|TOKEN|SECRET|SECRET_KEY|ACCESS_KEY|ACCESS_KEY_ID|PASSWORD|PASSWD"
+    r"|CREDENTIALS?|PRIVATE_KEY)$|^AWS_"
+)
+_KEPT_PREFIX = "RAY_"
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether an environment variable is taken away from the Ray processes we start.
+
+    Examples: ``OPENAI_API_KEY``, ``HF_TOKEN``, ``GITHUB_TOKEN``, ``MY_SECRET``,
+    ``DB_PASSWORD``, ``AWS_REGION``: yes. ``PATH``, ``TOKENIZERS_PARALLELISM``,
+    ``RAY_AUTH_TOKEN``: no.
+    """
+    upper = name.upper()
+    return not upper.startswith(_KEPT_PREFIX) and SECRET_NAME.search(upper) is not None
+
+
+def secret_names(environ: Iterable[str], extra: Iterable[str] = ()) -> list[str]:
+    """The variables of ``environ`` to take away: those ``is_secret_name`` matches, plus
+    ``extra`` (the policy key's variable, whatever it is called), sorted."""
+    wanted = set(extra)
+    return sorted(name for name in environ if name in wanted or is_secret_name(name))
+
+
+@contextmanager
+def without_secrets(extra: Iterable[str] = ()) -> Iterator[list[str]]:
+    """``os.environ`` without its secrets inside the block, restored after; yields the names.
+
+    Processes started inside the block (``ray.init`` starting a local Ray) inherit the
+    environment without them. Python code of the driver running at the same time on
+    another thread would not see them either, for the moment the block lasts.
+    """
+    taken = {name: os.environ.pop(name) for name in secret_names(os.environ, extra)}
+    try:
+        yield sorted(taken)
+    finally:
+        for name, value in taken.items():
+            os.environ.setdefault(name, value)  # a value set inside the block wins
+
+
+def policy_key(config: RunConfig) -> SecretStr | None:
+    """The policy API key from the driver's environment (``policy.api_key_env``), wrapped so
+    that a repr or a log line shows stars; None when the variable is unset or empty."""
+    value = os.environ.get(config.policy.api_key_env)
+    return SecretStr(value) if value else None

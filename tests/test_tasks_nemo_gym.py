@@ -1,0 +1,284 @@
+"""NeMo Gym 0.7.0's row shapes read as tasks (tests/test_tasks.py: our own format, limits)."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from test_tasks import NEMO_GYM_ROW
+from trajectories import unplayed
+
+from rayrollout.data.responses import seed_body
+from rayrollout.data.schema import Trajectory, trajectory_arrow_schema
+from rayrollout.data.tasks import UNSUPPORTED, InvalidTaskError, parse_task_row, read_tasks
+
+# Every row shape of NeMo Gym 0.7.0's datasets, in small rows written here (the nemo_gym tier
+# reads the real ones from the wheel).
+
+TOOL_HISTORY_ROW = {
+    "responses_create_params": {
+        "input": [
+            {"role": "system", "content": "Answer from the search results."},
+            {"role": "user", "content": "When was the Amiga sold?", "type": "message"},
+            {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "."}]},
+            {"type": "function_call", "name": "search", "call_id": "c1", "arguments": '{"q": 1}'},
+            {"type": "function_call", "name": "search", "call_id": "c2", "arguments": '{"q": 2}'},
+            {"type": "function_call_output", "call_id": "c1", "output": "in 1999"},
+            {"type": "function_call_output", "call_id": "c2", "output": [{"text": "no hit"}]},
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "Let me check.", "annotations": []}],
+            },
+            {"type": "function_call", "name": "search", "id": "c3", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c3", "output": "1999-12-31"},
+        ],
+    },
+    "verifier": {"citations": ["c1"]},
+}
+
+
+def refusal(row, **kwargs) -> InvalidTaskError:
+    with pytest.raises(InvalidTaskError) as caught:
+        parse_task_row(row, default_environment="gym", **kwargs)
+    return caught.value
+
+
+def test_tool_calls_and_outputs_in_input_become_chat_messages():
+    task = parse_task_row(TOOL_HISTORY_ROW, default_environment="gym")
+    assert [m.role for m in task.prompt] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "assistant",
+        "tool",
+    ]
+    calls = task.prompt[2].tool_calls
+    assert [(c.id, c.function.name, c.function.arguments) for c in calls] == [
+        ("c1", "search", '{"q": 1}'),
+        ("c2", "search", '{"q": 2}'),
+    ]  # consecutive calls are one assistant turn; the reasoning item is left out
+    assert [(m.tool_call_id, m.content) for m in task.prompt[3:5]] == [
+        ("c1", "in 1999"),
+        ("c2", "no hit"),
+    ]
+    assert task.prompt[5].content == "Let me check."  # the call after it joins its text
+    assert [c.id for c in task.prompt[5].tool_calls] == ["c3"]  # a call id may be its 'id'
+    assert task.fields == TOOL_HISTORY_ROW  # the reasoning item still goes back to NeMo Gym
+
+
+@pytest.mark.parametrize(
+    ("item", "field", "message"),
+    [
+        (
+            {"type": "function_call_output", "call_id": "c9", "output": "x"},
+            "responses_create_params.input[1].call_id",
+            "answers no earlier function_call",
+        ),
+        (
+            {"type": "function_call", "call_id": "c1", "arguments": "{}"},
+            "responses_create_params.input[1].name",
+            "missing",
+        ),
+        (
+            {"type": "function_call", "name": "f", "call_id": "c1", "arguments": {"a": 1}},
+            "responses_create_params.input[1].arguments",
+            "JSON text",
+        ),
+        (
+            {"type": "function_call", "name": "f", "arguments": "{}"},
+            "responses_create_params.input[1].call_id",
+            "must be a string",
+        ),
+        (
+            {"type": "item_reference", "id": "msg_1"},
+            "responses_create_params.input[1].type",
+            "unsupported item type 'item_reference'",
+        ),
+        ({"role": "tool", "content": "x"}, "responses_create_params.input[1].role", "tool"),
+        (
+            {"role": "user", "content": [{"type": "input_text"}]},
+            "responses_create_params.input[1].content[0]",
+            "must be a text part",
+        ),
+    ],
+)
+def test_a_bad_item_in_input_is_named_by_index(item, field, message):
+    row = {"responses_create_params": {"input": [{"role": "user", "content": "hi"}, item]}}
+    error = refusal(row)
+    assert error.field == field
+    assert message in error.message
+
+
+def test_a_system_prompt_with_no_user_message_is_a_prompt():
+    # NeMo Gym's Gymnasium and simulated-user tasks: the user turn comes from the environment.
+    row = {"responses_create_params": {"input": [{"role": "system", "content": "Play."}]}}
+    task = parse_task_row(row, default_environment="gym")
+    assert [(m.role, m.content) for m in task.prompt] == [("system", "Play.")]
+    own = parse_task_row(
+        {"prompt": [{"role": "system", "content": "Play."}]}, default_environment="e"
+    )
+    assert own.prompt == task.prompt
+
+
+def test_a_prompt_with_no_system_or_user_text_is_refused():
+    row = {"responses_create_params": {"input": [{"role": "assistant", "content": "Hello."}]}}
+    error = refusal(row)
+    assert error.field == "responses_create_params.input"
+    assert "no system or user message with text" in error.message
+
+
+def test_instructions_lead_the_system_message_as_nemo_gym_renders_them():
+    row = {
+        "responses_create_params": {
+            "instructions": "Use the tools.",
+            "input": [
+                {"role": "developer", "content": "Be brief."},
+                {"role": "user", "content": "q"},
+            ],
+        }
+    }
+    task = parse_task_row(row, default_environment="gym")
+    assert [(m.role, m.content) for m in task.prompt] == [
+        ("system", "Use the tools.\n\nBe brief."),
+        ("user", "q"),
+    ]
+    text_input = {"responses_create_params": {"instructions": "Sys.", "input": "q"}}
+    task = parse_task_row(text_input, default_environment="gym")
+    assert [(m.role, m.content) for m in task.prompt] == [("system", "Sys."), ("user", "q")]
+    only_instructions = {"responses_create_params": {"instructions": "Sys.", "input": []}}
+    task = parse_task_row(only_instructions, default_environment="gym")
+    assert [(m.role, m.content) for m in task.prompt] == [("system", "Sys.")]
+
+
+def test_an_environment_object_is_a_verifier_field_not_our_environment():
+    world = {"patients": {"P1": {"name": "Emma"}}}
+    row = {**NEMO_GYM_ROW, "environment": world}
+    task = parse_task_row(row, default_environment="weather")
+    assert task.environment == "weather"
+    assert task.fields["environment"] == world
+    with pytest.raises(InvalidTaskError, match="field 'environment': missing"):
+        parse_task_row(row)  # with no --env, the row names no environment of ours
+
+
+def test_a_nemo_gym_row_keeps_every_key_in_fields_and_goes_back_whole():
+    row = {**NEMO_GYM_ROW, "task_id": 7, "environment": "weather", "prompt": "not ours here"}
+    task = parse_task_row(row, default_environment="other")
+    assert (task.task_id, task.environment) == ("7", "weather")
+    assert task.fields == row  # task_id, environment and prompt included, verbatim
+    assert task.fields["task_id"] == 7
+    assert seed_body(task) == row  # /seed_session gets the row as NeMo Gym's agents send it
+    # rayrollout's own rows keep only the verifier fields, as before.
+    own = parse_task_row({"prompt": "hi", "task_id": "a", "environment": "e", "x": 1})
+    assert own.fields == {"x": 1}
+
+
+def test_task_fields_round_trip_through_parquet(tmp_path):
+    row = {**TOOL_HISTORY_ROW, "task_id": 3, "environment": {"db": [1, 2.5, None, True]}}
+    task = parse_task_row(row, default_environment="gym")
+    trajectory = unplayed(task)
+    table = pa.Table.from_pylist([trajectory.to_row()], schema=trajectory_arrow_schema())
+    pq.write_table(table, tmp_path / "out.parquet")
+    [back] = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    assert Trajectory.from_row(back).task_fields == row
+
+
+def test_nemo_gym_rows_read_from_parquet_with_nulls_for_missing_item_keys(tmp_path):
+    # Arrow gives every item the union of the items' keys, null where an item had none.
+    items = [
+        {"role": "user", "content": "When was the Amiga sold?"},
+        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "."}]},
+        {"type": "function_call", "name": "search", "call_id": "c1", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "in 1999"},
+    ]
+    rows = [{"responses_create_params": {"input": items}, "task_id": f"t{i}"} for i in range(2)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "tasks.parquet")
+    tasks = list(read_tasks(tmp_path / "tasks.parquet", default_environment="gym"))
+    assert [m.role for m in tasks[0].prompt] == ["user", "assistant", "tool"]
+    assert tasks[0].prompt == tasks[1].prompt
+    assert [t.task_id for t in tasks] == ["t0", "t1"]
+
+
+def test_resolved_row_is_read_as_the_row_with_its_task_id():
+    inner = {"responses_create_params": {"input": "hi"}, "persona": {"age": 35}}
+    task = parse_task_row({"task_id": "u-1", "resolved_row": inner}, default_environment="gym")
+    assert task.task_id == "u-1"
+    assert task.fields == {**inner, "task_id": "u-1"}
+    error = refusal({"task_id": "u-1", "resolved_row": {**inner, "task_id": "u-2"}})
+    assert error.field == "resolved_row.task_id" and "differs" in error.message
+    assert refusal({"resolved_row": ["x"]}).field == "resolved_row"
+
+
+def test_a_usersim_row_without_a_prompt_is_refused_naming_the_simulated_user():
+    row = {"task_id": "u-1", "resolved_row": {"persona": {}, "probe_type": "open"}}
+    error = refusal(row)
+    assert error.field == "resolved_row"
+    assert error.message.startswith(f"{UNSUPPORTED}: NeMo UserSim's simulated user.")
+    # The same task input, materialized (how NeMo Gym's environment server receives it).
+    materialized = {"task_id": {"taskset": "usersim", "task_id": "u-1"}, "task_input": row}
+    error = refusal(materialized)
+    assert error.field == "task_input.resolved_row"
+    assert error.message.startswith(f"{UNSUPPORTED}: NeMo UserSim's simulated user.")
+
+
+def test_a_materialized_task_is_read_from_its_task_input():
+    row = {
+        "task_id": {"taskset": "math:train", "task_id": "0"},
+        "task_input": {
+            "responses_create_params": {"input": "2+2?"},
+            "task_data": {"expected_answer": "4", "level": 1},
+            "level": 1,
+        },
+    }
+    task = parse_task_row(row, default_environment="math")
+    assert task.task_id == "math:train/0"
+    assert task.fields == {
+        "responses_create_params": {"input": "2+2?"},
+        "expected_answer": "4",
+        "level": 1,
+    }  # the flat row NeMo Gym's /verify body is built from
+    conflict = json.loads(json.dumps(row))
+    conflict["task_input"]["level"] = 2
+    error = refusal(conflict)
+    assert error.field == "task_input.level" and "task_data" in error.message
+    error = refusal({"task_id": {"taskset": ""}, "task_input": {}})
+    assert error.field == "task_id.taskset"
+    error = refusal({"task_id": {"taskset": "a", "task_id": "b"}, "task_input": {"x": 1}})
+    assert error.field == "task_input" and "no prompt" in error.message
+
+
+def test_an_empty_input_is_refused_naming_the_run_time_first_observation():
+    row = {
+        "responses_create_params": {"input": []},
+        "task_idx": 0,
+        "agent_ref": {"type": "responses_api_agents", "name": "gsm8k_aviary_agent"},
+    }
+    error = refusal(row)
+    assert error.field == "responses_create_params.input"
+    assert error.message.startswith(f"{UNSUPPORTED}: a first observation made at run time.")
+    assert "'gsm8k_aviary_agent'" in error.message and "/seed_session" in error.message
+
+
+@pytest.mark.parametrize(
+    ("part", "feature"),
+    [
+        ({"type": "input_image", "image_url": "data:image/png;base64,AAAA"}, "image input"),
+        ({"type": "input_file", "file_id": "f1"}, "file input"),
+        ({"type": "input_audio", "input_audio": {"data": "AAAA"}}, "audio input"),
+    ],
+)
+def test_media_content_is_refused_not_dropped(part, feature):
+    content = [{"type": "input_text", "text": "Where is the red circle?"}, part]
+    row = {"responses_create_params": {"input": [{"role": "user", "content": content}]}}
+    error = refusal(row)
+    assert error.field == "responses_create_params.input[0].content[1]"
+    assert error.message.startswith(f"{UNSUPPORTED}: {feature}.")
+
+
+def test_audio_in_metadata_is_refused():
+    params = {"input": "Transcribe the audio.", "metadata": {"audio_data": "data:audio/wav;..."}}
+    error = refusal({"responses_create_params": params})
+    assert error.field == "responses_create_params.metadata.audio_data"
+    assert error.message.startswith(f"{UNSUPPORTED}: audio input.")
