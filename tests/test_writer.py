@@ -2,8 +2,9 @@ import pandas as pd
 import pyarrow.dataset as ds
 import pytest
 
+from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import Trajectory
-from rayrollout.data.writer import PartWriter, WriterError, make_sink, written_keys
+from rayrollout.data.writer import PartWriter, WriterError, make_sink
 
 
 def rows(n, start=0):
@@ -28,7 +29,7 @@ def test_parts_are_written_by_size_and_keys_read_back(tmp_path, fmt):
     assert sorted(p.name for p in tmp_path.glob("part-*")) == [
         f"part-run1-0000{i}.{fmt}" for i in range(3)
     ]
-    assert written_keys(tmp_path, fmt) == {(f"t{i}", i % 2) for i in range(25)}
+    assert RunFolder(tmp_path, fmt).written_keys() == {(f"t{i}", i % 2) for i in range(25)}
 
 
 def test_parquet_output_opens_with_pyarrow_and_pandas(tmp_path):

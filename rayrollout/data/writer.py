@@ -32,7 +32,6 @@ __all__ = [
     "WriterError",
     "WriterFigures",
     "make_sink",
-    "written_keys",
 ]
 
 
@@ -188,12 +187,3 @@ class PartWriter:
             buffered_rows=self.buffered_rows,
             seconds=self.seconds_writing,
         )
-
-
-def written_keys(directory: str | Path, fmt: str | None = None) -> set[tuple[str, int]]:
-    """Every ``(task_id, sample_index)`` already written in an output folder (for --resume).
-
-    Parts of every format count, whatever ``fmt`` says (kept for callers that pass the run's
-    format): ``RunFolder.written_keys``.
-    """
-    return RunFolder(directory).written_keys()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -82,9 +83,9 @@ class PolicyKind:
     """The backend for the run's config and the policy's base URL."""
 
 
-class FixedWeights:
+class FixedWeights(ABC):
     """A backend with nothing to pause or resume (only the version moves); subclasses say
-    what ``load`` means for their kind."""
+    what ``load`` means for their kind (abstract: a kind without it cannot be built)."""
 
     async def pause(self, mode: PauseMode) -> None:
         return None
@@ -92,8 +93,9 @@ class FixedWeights:
     async def resume(self) -> None:
         return None
 
+    @abstractmethod
     async def load(self, path: str) -> dict[str, Any]:
-        raise NotImplementedError(f"{type(self).__name__} must define 'async def load'")
+        """Load the checkpoint at ``path``; what that means is the kind's."""
 
 
 class _ExternalWeights(FixedWeights):
