@@ -40,6 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import CLOCK_TICKS, emit, free_port, keep_stdout_for_json, start_ray, stop_ray  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+_KEY_ENV = "RAYROLLOUT_BENCH_POLICY_TOKEN"  # where the engine's driver finds the policy key
 
 
 def math_tasks(n: int) -> list[dict[str, Any]]:
@@ -50,7 +51,12 @@ def math_tasks(n: int) -> list[dict[str, Any]]:
 
 
 async def bare_client(
-    base_url: str, model: str, prompts: list[list[int]], sampling: dict[str, Any], concurrency: int
+    base_url: str,
+    model: str,
+    prompts: list[list[int]],
+    sampling: dict[str, Any],
+    concurrency: int,
+    token: str,
 ) -> tuple[list[int], float]:
     """POST /v1/completions with prompt ids, ``concurrency`` at once.
 
@@ -70,7 +76,10 @@ async def bare_client(
 
     timeout = aiohttp.ClientTimeout(total=600)
     connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+    headers = {"Authorization": f"Bearer {token}"}  # the policy's routes take the run's token
+    async with aiohttp.ClientSession(
+        timeout=timeout, connector=connector, headers=headers
+    ) as session:
         started = time.perf_counter()
         generated = await asyncio.gather(*(one(session, ids) for ids in prompts))
         return list(generated), time.perf_counter() - started
@@ -86,9 +95,11 @@ def run_rounds(
     max_tokens: int,
     rounds: int,
     serve_port: int,
+    token: str,
     namespace: str = "bench-vllm",
 ) -> dict[str, Any]:
-    """Measure both clients against a running vLLM app at ``base_url`` (Ray already up)."""
+    """Measure both clients against a running vLLM app at ``base_url`` (Ray already up),
+    whose routes take ``token``."""
     from rayrollout.environments.math.env import MathEnv
 
     from rayrollout import RolloutEngine, RunConfig
@@ -120,6 +131,7 @@ def run_rounds(
 
     measured_rounds: list[dict[str, Any]] = []
     totals = {"vllm": [0, 0.0], "rayrollout": [0, 0.0]}
+    os.environ[_KEY_ENV] = token  # the engine's agents send it as the policy key
     with tempfile.TemporaryDirectory() as out:
         run_config = RunConfig.model_validate(
             {
@@ -128,6 +140,7 @@ def run_rounds(
                 "policy": {
                     "kind": "openai",
                     "base_url": base_url,
+                    "api_key_env": _KEY_ENV,
                     "model": model,
                     "tokenizer": tokenizer,
                     "prompt_mode": "token_ids",
@@ -147,7 +160,7 @@ def run_rounds(
             engine.start()
             # Warm-up: both paths once, small.
             warm = min(8, episodes)
-            asyncio.run(bare_client(base_url, model, prompt_ids[:warm], bare_sampling, warm))
+            asyncio.run(bare_client(base_url, model, prompt_ids[:warm], bare_sampling, warm, token))
             engine.collect([{**t, "task_id": f"{t['task_id']}-warm"} for t in tasks[:warm]])
             for r in range(rounds):
                 # Alternate which client goes first: load from elsewhere on the machine
@@ -159,7 +172,9 @@ def run_rounds(
                     cpu_before = cpu_seconds_by_role(os.getpid())
                     if side == "vllm":
                         generated, seconds = asyncio.run(
-                            bare_client(base_url, model, prompt_ids, bare_sampling, concurrency)
+                            bare_client(
+                                base_url, model, prompt_ids, bare_sampling, concurrency, token
+                            )
                         )
                         _check_lengths("bare client", generated, max_tokens)
                         measured[side] = (sum(generated), seconds)
@@ -285,8 +300,10 @@ def main() -> None:
     from ray import serve
 
     from rayrollout import RunConfig
+    from rayrollout.auth import RouteAuth, new_token
     from rayrollout.engine.services import deploy_policy
 
+    token = new_token()
     start_ray()
     try:
         port = free_port()
@@ -299,7 +316,8 @@ def main() -> None:
             }
         )
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        base_url = deploy_policy(run_config)  # fills policy.model and policy.tokenizer
+        # fills policy.model and policy.tokenizer
+        base_url = deploy_policy(run_config, RouteAuth.bearer(token))
         startup_s = time.perf_counter() - began
         policy = run_config.policy
         result = run_rounds(
@@ -311,6 +329,7 @@ def main() -> None:
             max_tokens=args.max_tokens,
             rounds=args.rounds,
             serve_port=port,
+            token=token,
         )
     finally:
         stop_ray()

@@ -36,7 +36,12 @@ def write_config(tmp_path, port, **extra):
 
 def invoke(*args):
     result = runner.invoke(app, [str(a) for a in args])
-    return result.exit_code, result.output
+    output = result.output
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        import traceback  # a crash, not an exit: show it with the output
+
+        output += "".join(traceback.format_exception(result.exception))
+    return result.exit_code, output
 
 
 def collect(tmp_path, port, tasks, *flags):
@@ -102,6 +107,11 @@ def test_skip_invalid_runs_the_good_rows_and_keeps_the_rejects(tmp_path, serve_s
     rejects = [json.loads(line) for line in (out / "_rejects.jsonl").read_text().splitlines()]
     assert [(r["line"], r["field"]) for r in rejects] == [(2, "prompt"), (3, None)]
     assert rejects[1]["raw"] == "not json"
+    # A resume meets the same bad rows again: the rejects file keeps each one once.
+    code, output, _ = collect(tmp_path, serve_session, tasks, "--skip-invalid", "--resume")
+    assert code == 0, output
+    again = [json.loads(line) for line in (out / "_rejects.jsonl").read_text().splitlines()]
+    assert again == rejects
 
 
 def test_demo_writes_scored_multi_turn_trajectories(tmp_path, serve_session):
@@ -209,9 +219,13 @@ def test_external_endpoint_with_jsonl_output_never_records_the_key(
     from rayrollout.deployments.scripted import scripted_policy_app
 
     from rayrollout import Trajectory
+    from rayrollout.auth import RouteAuth
 
+    # The "external" server takes only its key, as a real one would: the agents must send it.
     serve.run(
-        scripted_policy_app(model="ext-model"), name="external-policy", route_prefix="/external"
+        scripted_policy_app(model="ext-model", auth=RouteAuth.bearer("sk-do-not-leak-42")),
+        name="external-policy",
+        route_prefix="/external",
     )
     monkeypatch.setenv("OPENAI_API_KEY", "sk-do-not-leak-42")
     tasks = tmp_path / "tasks.jsonl"
@@ -231,6 +245,8 @@ def test_external_endpoint_with_jsonl_output_never_records_the_key(
     assert sorted(t.task_id for t in rows) == ["e0", "e1", "e2", "e3"]
     assert {(t.status, t.model, t.reward) for t in rows} == {("ok", "ext-model", 1.0)}
     assert "sk-do-not-leak-42" not in text and "sk-do-not-leak-42" not in output
+    assert f"rayrollout.read_trajectories('{out}')" in output  # the hint fits JSONL parts
+    assert "read_parquet" not in output
 
 
 def test_show_prints_one_episode_as_a_conversation(tmp_path):
@@ -306,13 +322,16 @@ def test_an_engine_already_running_in_the_namespace_is_one_error_line_and_exit_1
     assert not out.exists()
 
 
-def test_an_output_folder_that_cannot_be_made_is_one_error_line_and_exit_1(tmp_path, serve_session):
+def test_an_output_folder_that_cannot_be_made_is_one_error_line_and_exit_2(tmp_path):
+    """Caught before start (``api.preflight``), so no Ray is needed: the port is never used."""
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    tasks, config = echo_tasks_file(tmp_path), write_config(tmp_path, serve_session)
+    tasks, config = echo_tasks_file(tmp_path), write_config(tmp_path, 1)
     code, output = invoke("collect", tasks, "--out", blocker / "out", "--config", config)
-    assert code == 1
-    assert f"cannot create output folder {blocker / 'out'}" in one_error_line(output)
+    assert code == 2
+    assert f"cannot create output folder {blocker / 'out'}: {blocker} is a file" in one_error_line(
+        output
+    )
 
 
 def test_python_collect_checks_every_row_of_a_file_before_starting_anything(tmp_path):

@@ -24,6 +24,7 @@ PACKAGE = ROOT / "rayrollout"
 # part -> rank; a module imports only parts of rank <= its own (peers excepted below).
 RANKS = {
     "errors": 0,
+    "auth": 0,
     "data": 1,
     "environment": 2,
     "policy": 2,
@@ -32,7 +33,7 @@ RANKS = {
     "cli": 5,
 }
 PLUGINS = ("environments", "deployments")  # repo folders installed under rayrollout.*
-PLUGIN_MAY_IMPORT = {"errors", "data", "environment", "policy"}
+PLUGIN_MAY_IMPORT = {"errors", "auth", "data", "environment", "policy"}
 
 
 def _part(module: str) -> str | None:

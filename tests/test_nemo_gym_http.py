@@ -1,7 +1,9 @@
 """rayrollout environments over NeMo Gym's HTTP protocol, driven by a plain HTTP client.
 
 Requests go through Serve's HTTP proxy on the session's port, as a NeMo Gym agent's would:
-a cookie from /seed_session, one POST per tool call, /verify with a Responses object.
+a cookie from /seed_session, one POST per tool call, /verify with a Responses object. They
+bear the app's token (``rayrollout.auth``); the last tests show what comes of those that
+do not.
 """
 
 import json
@@ -14,6 +16,7 @@ from openai.types.responses import Response
 from ray import serve
 from rayrollout.environments.booking.env import BookingEnv
 
+from rayrollout.auth import RouteAuth, bearer_header, new_token, write_token_file
 from rayrollout.data.config import EnvironmentConfig
 from rayrollout.data.schema import Message
 from rayrollout.data.tasks import parse_task_row
@@ -22,6 +25,17 @@ from rayrollout.environment.nemo_gym.client import NemoGymConnections, episode_r
 from rayrollout.environment.server import environment_app
 
 WEATHER_ROWS = Path(__file__).resolve().parents[1] / "environments/weather/tasks_nemo_gym.jsonl"
+TOKEN = new_token()
+AUTH = RouteAuth.bearer(TOKEN)
+
+
+def bearer_client(token: str = TOKEN) -> requests.Session:
+    """An HTTP client bearing ``token``, as every caller of a rayrollout route must."""
+    session = requests.Session()
+    session.headers.update(bearer_header(token))
+    return session
+
+
 ROW = {
     "responses_create_params": {
         "input": [{"role": "user", "content": "Book a suite for 2 nights."}],
@@ -33,7 +47,9 @@ ROW = {
 @pytest.fixture(scope="module")
 def booking_url(serve_session):
     serve.run(
-        environment_app("rayrollout.environments.booking.env:BookingEnv", num_replicas=2),
+        environment_app(
+            "rayrollout.environments.booking.env:BookingEnv", num_replicas=2, auth=AUTH
+        ),
         name="http-booking",
         route_prefix="/http-booking",
     )
@@ -51,7 +67,7 @@ def response_object(messages):
 
 
 def test_a_booking_episode_runs_over_http_with_state_kept_per_session(booking_url):
-    guest, other = requests.Session(), requests.Session()
+    guest, other = bearer_client(), bearer_client()
     seeded = guest.post(f"{booking_url}/seed_session", json=ROW)
     assert seeded.status_code == 200, seeded.text
     assert other.post(f"{booking_url}/seed_session", json=ROW).status_code == 200
@@ -95,7 +111,7 @@ def test_a_booking_episode_runs_over_http_with_state_kept_per_session(booking_ur
 
 
 def test_protocol_errors_say_what_to_do(booking_url):
-    client = requests.Session()
+    client = bearer_client()
     no_session = client.post(f"{booking_url}/book", json={"request": "suite, 1 night"})
     assert no_session.status_code == 400
     assert "POST /seed_session" in no_session.json()["detail"]
@@ -120,12 +136,14 @@ def test_protocol_errors_say_what_to_do(booking_url):
 def test_verify_without_a_session_scores_in_a_fresh_one(booking_url):
     # Like NeMo Gym's, the verify body carries the row's verifier fields (here: the goal).
     body = verify_body(ROW, response_object([Message(role="assistant", content="No.")]))
-    answer = requests.post(f"{booking_url}/verify", json={**body, "goal": ROW["goal"]}).json()
+    answer = (
+        bearer_client().post(f"{booking_url}/verify", json={**body, "goal": ROW["goal"]}).json()
+    )
     assert answer["reward"] == 0.0 and answer["bookings"] == []
 
 
 async def test_rayrollouts_own_remote_client_plays_a_rayrollout_environment_over_http(
-    booking_url,
+    booking_url, tmp_path
 ):
     task = parse_task_row(
         {
@@ -136,7 +154,10 @@ async def test_rayrollouts_own_remote_client_plays_a_rayrollout_environment_over
         default_environment="booking",
     )
     pool = NemoGymConnections()
-    session = pool.session("booking_http", EnvironmentConfig(url=booking_url), task)
+    token_file = tmp_path / "booking.token"
+    write_token_file(token_file, TOKEN)  # as `env serve` writes one; the config names the file
+    settings = EnvironmentConfig(url=booking_url, token_file=str(token_file))
+    session = pool.session("booking_http", settings, task)
     await session.setup()
     result = await session.call_tool("book", json.dumps({"request": "suite for 2 nights"}))
     messages = [
@@ -151,7 +172,7 @@ async def test_rayrollouts_own_remote_client_plays_a_rayrollout_environment_over
     assert verification.details["bookings"][0]["id"] == "B1"
 
 
-def test_env_serve_puts_an_inline_environment_behind_the_protocol(serve_session):
+def test_env_serve_puts_an_inline_environment_behind_the_protocol(serve_session, tmp_path):
     from typer.testing import CliRunner
 
     from rayrollout.cli.commands import app
@@ -169,13 +190,21 @@ def test_env_serve_puts_an_inline_environment_behind_the_protocol(serve_session)
             "http-test",
             "--route-prefix",
             "/http-test/env/weather",
+            "--token-file",
+            str(tmp_path / "weather.token"),
         ],
     )
     assert result.exit_code == 0, result.output
     url = result.stdout.strip().splitlines()[-1]
     assert url == f"http://127.0.0.1:{serve_session}/http-test/env/weather"
+    token_file = tmp_path / "weather.token"
+    assert str(token_file) in result.output  # where clients find the token, said at start
+    assert token_file.stat().st_mode & 0o777 == 0o600
     try:
-        client = requests.Session()
+        unauthenticated = requests.post(f"{url}/seed_session", json={})
+        assert unauthenticated.status_code == 401
+        assert "Authorization: Bearer" in unauthenticated.json()["detail"]
+        client = bearer_client(token_file.read_text().strip())
         row = json.loads(WEATHER_ROWS.read_text().splitlines()[0])
         assert client.post(f"{url}/seed_session", json=row).ok
         report = client.post(f"{url}/get_weather", json={"city": "Tokyo"})
@@ -208,7 +237,9 @@ def test_env_serve_puts_an_inline_environment_behind_the_protocol(serve_session)
 def test_a_session_left_open_by_its_client_is_released_after_the_idle_timeout(serve_session):
     serve.run(
         environment_app(
-            "rayrollout.environments.booking.env:BookingEnv", session_idle_timeout_s=0.5
+            "rayrollout.environments.booking.env:BookingEnv",
+            session_idle_timeout_s=0.5,
+            auth=AUTH,
         ),
         name="http-booking-idle",
         route_prefix="/http-booking-idle",
@@ -216,7 +247,7 @@ def test_a_session_left_open_by_its_client_is_released_after_the_idle_timeout(se
     url = f"http://127.0.0.1:{serve_session}/http-booking-idle"
     handle = serve.get_deployment_handle("EnvironmentServer", "http-booking-idle")
     try:
-        client = requests.Session()  # seeds, books, then walks away: no verify, no close
+        client = bearer_client()  # seeds, books, then walks away: no verify, no close
         assert client.post(f"{url}/seed_session", json=ROW).ok
         assert client.post(f"{url}/book", json={"request": "suite, 2 nights"}).ok
         assert handle.open_sessions.remote().result() == 1
@@ -242,7 +273,7 @@ def test_a_served_environment_is_built_with_its_config_args_under_its_registered
 
     # GreeterEnv's class name is "greeter"; the spec's name is the one the app answers with.
     settings = EnvironmentConfig(path="fixture_envs:GreeterEnv", args={"greeting": "ahoy"})
-    app = environment_app(environment_spec("ahoy-greeter", settings))
+    app = environment_app(environment_spec("ahoy-greeter", settings), auth=AUTH)
     serve.run(app, name="http-ahoy", route_prefix="/http-ahoy")
     url = f"http://127.0.0.1:{serve_session}/http-ahoy"
     try:
@@ -252,9 +283,38 @@ def test_a_served_environment_is_built_with_its_config_args_under_its_registered
         )
         result = handle.call_tool.remote(None, task, "greet", '{"who": "bob"}').result()
         assert result.content == "ahoy, bob"
-        assert requests.get(f"{url}/").json()["environment"] == "ahoy-greeter"
-        client = requests.Session()
+        assert bearer_client().get(f"{url}/").json()["environment"] == "ahoy-greeter"
+        client = bearer_client()
         assert client.post(f"{url}/seed_session", json={"prompt": "hi"}).ok
         assert client.post(f"{url}/greet", json={"who": "ann"}).text == "ahoy, ann"
     finally:
         serve.delete("http-ahoy")
+
+
+def test_routes_refuse_requests_without_the_token_and_take_those_with_it(booking_url):
+    """Every route, tool and protocol alike: no token or a wrong one is a 401 that names the
+    header to send; the app's token gets in."""
+    routes = [("post", "seed_session"), ("post", "book"), ("post", "verify"), ("get", "")]
+    for method, route in routes:
+        for headers in ({}, bearer_header("a-guess"), {"Authorization": TOKEN}):
+            answer = requests.request(method, f"{booking_url}/{route}", json=ROW, headers=headers)
+            assert answer.status_code == 401, (route, headers, answer.text)
+            assert answer.headers["www-authenticate"].startswith("Bearer")
+    assert bearer_client().post(f"{booking_url}/seed_session", json=ROW).status_code == 200
+
+
+def test_an_open_app_is_a_choice_its_caller_makes_by_name(serve_session):
+    """``RouteAuth.open()`` (what `env serve --no-auth` passes) is the only way to routes
+    without a token; an app built with no RouteAuth at all cannot be made."""
+    with pytest.raises(TypeError):
+        environment_app("rayrollout.environments.booking.env:BookingEnv")  # type: ignore[call-arg]
+    serve.run(
+        environment_app("rayrollout.environments.booking.env:BookingEnv", auth=RouteAuth.open()),
+        name="http-booking-open",
+        route_prefix="/http-booking-open",
+    )
+    try:
+        url = f"http://127.0.0.1:{serve_session}/http-booking-open"
+        assert requests.post(f"{url}/seed_session", json=ROW).status_code == 200
+    finally:
+        serve.delete("http-booking-open")

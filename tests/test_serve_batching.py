@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from rayrollout.auth import RouteAuth, new_token
 from rayrollout.data.schema import Message, Task
 from rayrollout.environment import Episode
 from rayrollout.environment.serve_batching import BatchingHandle
@@ -20,7 +21,9 @@ def faulty_handle(serve_session):
     from ray import serve
 
     serve.run(
-        environment_app("fixture_envs:FaultyEnv"), name=APP, route_prefix="/batching-tests/faulty"
+        environment_app("fixture_envs:FaultyEnv", auth=RouteAuth.bearer(new_token())),
+        name=APP,
+        route_prefix="/batching-tests/faulty",
     )
     yield serve.get_app_handle(APP).options(_by_reference=False)
     serve.delete(APP)

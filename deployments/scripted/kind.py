@@ -12,20 +12,23 @@ from typing import Any
 from ray import serve
 from rayrollout.deployments.scripted.server import scripted_policy_app
 
+from rayrollout.auth import RouteAuth
 from rayrollout.data.config import RunConfig
 from rayrollout.policy.kinds import FixedWeights, PolicyKind
 
 __all__ = ["SCRIPTED", "ScriptedWeights"]
 
 
-def build_scripted_app(config: RunConfig) -> serve.Application:
-    """The scripted policy's Serve app from ``policy.scripted``, placed on GPU-node roles."""
+def build_scripted_app(config: RunConfig, auth: RouteAuth) -> serve.Application:
+    """The scripted policy's Serve app from ``policy.scripted``, placed on GPU-node roles,
+    its routes taking the bearers ``auth`` accepts."""
     policy = config.policy
     return scripted_policy_app(
         replicas=policy.scripted.replicas,
         latency_s=policy.scripted.latency_s,
         model=policy.model,
         ray_actor_options=config.placement.gpu_options({"num_cpus": 0.1}),
+        auth=auth,
     )
 
 
@@ -36,4 +39,4 @@ class ScriptedWeights(FixedWeights):
         return {"backend": "scripted", "path": path}
 
 
-SCRIPTED = PolicyKind("scripted", build_scripted_app, lambda config, url: ScriptedWeights())
+SCRIPTED = PolicyKind("scripted", build_scripted_app, lambda config, url, token: ScriptedWeights())

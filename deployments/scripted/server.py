@@ -2,7 +2,8 @@
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/responses``, ``GET /v1/models``. Responses
 carry usage counts (words, as a stand-in for tokens) and, for chat, the message and tool
-calls in the exact shape the ``openai`` client parses.
+calls in the exact shape the ``openai`` client parses. Like every rayrollout route, they
+take only bearers of the run's token (``rayrollout.auth``): the agents send it as their key.
 """
 
 # No `from __future__ import annotations` here: FastAPI reads the route signatures' types.
@@ -16,7 +17,10 @@ from fastapi import FastAPI, Request
 from ray import serve
 from rayrollout.deployments.scripted.strategy import Action, next_action, requested_sleep
 
+from rayrollout.auth import BearerTokenGate, RouteAuth
+
 app = FastAPI(title="rayrollout scripted policy")
+app.add_middleware(BearerTokenGate)
 _ids = itertools.count()
 
 
@@ -132,7 +136,11 @@ def chat_completion(
 class ScriptedPolicy:
     """Plays ``strategy.next_action`` behind the OpenAI protocol."""
 
-    def __init__(self, latency_s: float = 0.0, model: str = "scripted") -> None:
+    def __init__(
+        self, latency_s: float = 0.0, model: str = "scripted", auth: RouteAuth | None = None
+    ) -> None:
+        if auth is not None:  # none given: the routes refuse every request
+            auth.install()
         self.latency_s = latency_s
         self.model = model
 
@@ -192,12 +200,15 @@ def scripted_policy_app(
     latency_s: float = 0.0,
     model: str = "scripted",
     ray_actor_options: dict[str, Any] | None = None,
+    *,
+    auth: RouteAuth,
 ) -> serve.Application:
     """The scripted policy application, ready for ``serve.run``.
 
-    ``ray_actor_options`` places the replicas (``rayrollout.engine.placement``: GPU-node role).
+    ``ray_actor_options`` places the replicas (``rayrollout.engine.placement``: GPU-node role);
+    ``auth`` says which bearer token its routes take (``RouteAuth.open()``: any request).
     """
     options: dict[str, Any] = {"num_replicas": replicas}
     if ray_actor_options:
         options["ray_actor_options"] = ray_actor_options
-    return ScriptedPolicy.options(**options).bind(latency_s=latency_s, model=model)
+    return ScriptedPolicy.options(**options).bind(latency_s=latency_s, model=model, auth=auth)

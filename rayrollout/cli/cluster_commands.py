@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from rayrollout.cli.common import fail, overrides
-from rayrollout.data.config import RunConfig, load_config
+
+if TYPE_CHECKING:  # the config (pydantic, the output folder's pyarrow) loads when a command runs
+    from rayrollout.data.config import RunConfig
 
 __all__ = ["down", "status", "up"]
 
@@ -30,6 +32,8 @@ def _cluster_config(
     config: Path | None, namespace: str | None, address: str | None, join: bool = True
 ) -> RunConfig:
     """The config with the command's flags applied; ``join``: connected to its Ray cluster."""
+    from rayrollout.data.config import load_config
+
     run_config = load_config(config, overrides(namespace=namespace, ray__address=address))
     if join:
         from rayrollout.engine.services import ensure_ray

@@ -2,32 +2,57 @@
 ``RolloutEngine.collect``, and what a terminal shows of it (skipped rows, progress, summary).
 
 Checking the tasks, the rejects file, ``--limit`` and ``--resume`` are the API's
-(``rayrollout.api.collect``), so a Python caller gets the same run as this command.
+(``rayrollout.api.collect``), so a Python caller gets the same run as this command. The
+command plans before it builds the engine, with every check before start
+(``rayrollout.api.preflight``, the policy's key required): a mistake is one line and exit 2
+before Ray starts, and a tasks file without rows is one notice line and exit 0.
 """
 
 from __future__ import annotations
 
 import signal
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 
-from rayrollout.api.collect import CollectPlan
 from rayrollout.cli.common import console, fail, overrides
-from rayrollout.data.config import ConfigError, RunConfig, load_config
-from rayrollout.data.run_folder import REJECTS_FILE
-from rayrollout.engine.figures import RunSnapshot
+from rayrollout.cli.console_log import routed_logs
+
+# The API, the config and the output folder (Ray, pydantic, pyarrow) load when a command
+# runs, not when the app is built: `rayrollout --help` imports none of them.
+if TYPE_CHECKING:
+    from rayrollout.api.collect import CollectPlan
+    from rayrollout.data.config import RunConfig
+    from rayrollout.engine.figures import RunSnapshot
+
+# rayrollout.data.run_folder.REJECTS_FILE, spelled out for --help (tests/test_startup.py)
+_REJECTS_FILE = "_rejects.jsonl"
 
 __all__ = ["collect", "demo", "parse_env_urls", "run_collect"]
 
 
 def run_collect(config: RunConfig) -> RunSnapshot:
-    """Run ``collect`` for a config, showing progress and the summary; returns the figures."""
+    """Run ``collect`` for a config, showing progress and the summary; returns the figures.
+
+    The tasks are read and every check before start runs first (``plan_collect``), so a
+    mistake costs no Ray start-up; a tasks file without rows ends here with a notice, exit 0.
+    """
+    from rayrollout.api.collect import plan_collect
     from rayrollout.api.rollout_engine import RolloutEngine
     from rayrollout.cli.progress import RunProgress, summary_table
+    from rayrollout.data.run_folder import REJECTS_FILE
 
+    plan = plan_collect(None, config, before_start=True, require_key=True)
+    if plan.empty:
+        console.print(
+            f"nothing to run: {plan.source} has no tasks (not one row); nothing was started "
+            "and no output folder was made",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(0)
     engine = RolloutEngine(config)
     progress = RunProgress(console)
     planned: list[CollectPlan] = []
@@ -52,7 +77,7 @@ def run_collect(config: RunConfig) -> RunSnapshot:
     with engine:
         try:
             with progress:
-                result = engine.collect(on_plan=show_plan, on_progress=progress.update)
+                result = engine.collect(plan, on_plan=show_plan, on_progress=progress.update)
         except KeyboardInterrupt:
             console.print("[yellow]interrupted:[/yellow] writing finished episodes ...")
             engine.flush()
@@ -65,11 +90,29 @@ def run_collect(config: RunConfig) -> RunSnapshot:
     rejects = len(planned[0].rejects) if planned else 0
     if rejects:
         console.print(f"{rejects} invalid row(s) skipped; see {out_dir / REJECTS_FILE}")
-    console.print(
+    console.print(  # unwrapped: the path and the call stay whole, to copy
         f"[green]wrote {summary.rows_written} trajectories[/green] to {out_dir}/ "
-        f"({fmt}); open with pandas.read_parquet('{out_dir}') or ray.data.read_parquet."
+        f"({fmt}); {_how_to_open(out_dir)}",
+        soft_wrap=True,
     )
     return summary
+
+
+def _how_to_open(out_dir: Path) -> str:
+    """How to read the folder back, for the formats its parts are in: a JSONL folder is not
+    Parquet, and a folder holding both (a run resumed in another format) reads whole only
+    through rayrollout."""
+    from rayrollout.data.run_folder import RunFolder
+
+    formats = {part.suffix for part in RunFolder(out_dir).parts()}
+    if formats == {".parquet"}:
+        return f"open with pandas.read_parquet('{out_dir}') or ray.data.read_parquet."
+    if formats == {".jsonl"}:
+        return (
+            f"open with rayrollout.read_trajectories('{out_dir}'), or pandas.read_json(part, "
+            "lines=True) for each part-*.jsonl."
+        )
+    return f"open with rayrollout.read_trajectories('{out_dir}') (it reads every format)."
 
 
 def parse_env_urls(values: list[str], default_name: str | None = None) -> dict[str, dict[str, str]]:
@@ -77,6 +120,8 @@ def parse_env_urls(values: list[str], default_name: str | None = None) -> dict[s
 
     A bare ``--env-url URL`` names the ``--env`` environment.
     """
+    from rayrollout.data.config import ConfigError
+
     out: dict[str, dict[str, str]] = {}
     for value in values:
         if value.startswith(("http://", "https://")):  # bare URL: the --env environment
@@ -99,7 +144,11 @@ def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
 
 
 # collect's flags, in the order `collect --help` lists them (the demo shares --config).
-_TASKS = typer.Argument(help="Tasks file: JSONL or Parquet rows (rayrollout or NeMo Gym format).")
+# readable=False: click's own check would print a boxed usage error; the API's check
+# (api.preflight.check_tasks_file) prints one line naming the fix, for Python callers too.
+_TASKS = typer.Argument(
+    help="Tasks file: JSONL or Parquet rows (rayrollout or NeMo Gym format).", readable=False
+)
 _OUT = typer.Option("--out", "-o", help="Output folder of part files.")
 _FORMAT = typer.Option("--format", help="parquet (default) or jsonl.")
 _ENV = typer.Option("--env", help="Environment for rows that name none.")
@@ -109,7 +158,11 @@ _ENV_URL = typer.Option(
     "(repeatable); rows name it in 'environment' or via --env NAME.",
 )
 _POLICY = typer.Option("--policy", help="'scripted' (built-in test policy).")
-_BASE_URL = typer.Option("--base-url", help="OpenAI-compatible endpoint; key from OPENAI_API_KEY.")
+_BASE_URL = typer.Option(
+    "--base-url",
+    help="OpenAI-compatible endpoint; key from OPENAI_API_KEY (OPENAI_API_KEY=EMPTY: none "
+    "needed). Checked before start: GET BASE_URL/models.",
+)
 _POLICY_CONFIG = typer.Option(
     "--policy-config",
     help="Deploy vLLM on Ray Serve LLM from this file (deployments/vllm/cpu.yaml).",
@@ -131,10 +184,16 @@ _OVERWRITE = typer.Option(
     help="Delete the parts (and rejects) an earlier run left in --out before writing.",
 )
 _SKIP_INVALID = typer.Option(
-    "--skip-invalid", help=f"Run valid rows; write bad ones to {REJECTS_FILE}."
+    "--skip-invalid", help=f"Run valid rows; write bad ones to {_REJECTS_FILE}."
 )
 _NAMESPACE = typer.Option("--namespace", help="Ray namespace of the run.")
 _CONFIG = typer.Option("--config", help="YAML config; flags override it.")
+_VERBOSE = typer.Option(
+    "--verbose",
+    "-v",
+    help="Show Ray's, Serve's and the workers' logs on the console; without it they go to "
+    "_logs/collect.log in the output folder.",
+)
 
 # The flags that set one config key as they are (``__`` nests: ``output__dir``).
 _CONFIG_KEYS = {
@@ -175,8 +234,13 @@ def collect(
     skip_invalid: Annotated[bool, _SKIP_INVALID] = False,
     namespace: Annotated[str | None, _NAMESPACE] = None,
     config: Annotated[Path | None, _CONFIG] = None,
+    verbose: Annotated[bool, _VERBOSE] = False,
 ) -> None:
-    """Run every task as a scored multi-turn episode and stream trajectories to --out."""
+    """Run every task as a scored multi-turn episode and stream trajectories to --out.
+
+    Exit codes: 0 done (the summary says why episodes failed, if any did);
+    3 every episode failed; 2 bad input; 1 could not go on; 130 interrupted.
+    """
     if sum(bool(x) for x in (base_url, policy_config, policy == "scripted")) > 1:
         fail("--policy scripted, --base-url and --policy-config exclude each other", 2)
     given = locals()  # the flags, by parameter name (None or False: not given)
@@ -188,9 +252,13 @@ def collect(
     )
     if env_url:
         flags["environments"] = parse_env_urls(env_url, env)
+    from rayrollout.cli.failures import report_failures
+    from rayrollout.data.config import load_config
+
     run_config = load_config(config, flags)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    run_collect(run_config)
+    with routed_logs(console, run_config.output.dir, verbose):
+        report_failures(console, run_collect(run_config))
 
 
 def demo(
@@ -201,9 +269,12 @@ def demo(
         int, typer.Option("--num-repeats", "-n", help="Samples per example task.")
     ] = 12,
     config: Annotated[Path | None, _CONFIG] = None,
+    verbose: Annotated[bool, _VERBOSE] = False,
 ) -> None:
     """Run the built-in environments' example tasks against the scripted policy, locally."""
     from rayrollout.cli.demo import demo_tasks_file
+    from rayrollout.cli.failures import report_failures
+    from rayrollout.data.config import load_config
 
     tasks_file = demo_tasks_file(Path(out).parent / f".{Path(out).name}-tasks.jsonl")
     # The demo's folder is its own: each demo run replaces the last one's parts.
@@ -212,5 +283,8 @@ def demo(
         "output": {"dir": out, "overwrite": True},
         "num_repeats": num_repeats,
     }
-    summary = run_collect(load_config(config, flags))
+    run_config = load_config(config, flags)
+    with routed_logs(console, run_config.output.dir, verbose):
+        summary = run_collect(run_config)
+        report_failures(console, summary)
     console.print(f"demo done: {summary.total.episodes} episodes in {out}/")

@@ -11,19 +11,16 @@ import json
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
 from rayrollout.cli.common import console, fail
-from rayrollout.data.config import DEFAULT_SESSION_IDLE_TIMEOUT_S, RunConfig
-from rayrollout.environment.registry import (
-    UnknownEnvironmentError,
-    available_environments,
-    configured_environment,
-    load_environment,
-)
+from rayrollout.data.environment_config import DEFAULT_SESSION_IDLE_TIMEOUT_S
+
+# The registry and the run config load in the command that needs them, not at import: they
+# bring pyarrow (the output folder) with them, and `--help` should cost nothing.
 
 # env test / env serve build the environment as a run would: its config entry's path and args.
 ConfigFile = Annotated[
@@ -40,6 +37,12 @@ env_app = typer.Typer(no_args_is_help=True, help="Inspect registered environment
 def env_list() -> None:
     """List registered environments with their hosting mode and tools."""
     from rich.table import Table
+
+    from rayrollout.environment.registry import (
+        UnknownEnvironmentError,
+        available_environments,
+        load_environment,
+    )
 
     table = Table(title="environments")
     for column in ("name", "class", "hosting", "tools"):
@@ -74,6 +77,7 @@ def env_test(
 
     from rich.table import Table
 
+    from rayrollout.environment.registry import configured_environment
     from rayrollout.environment.testing import (
         CASES_FILE,
         environment_folder,
@@ -156,11 +160,30 @@ def env_serve(
         ),
     ] = DEFAULT_SESSION_IDLE_TIMEOUT_S,
     config_file: ConfigFile = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--token-file",
+            help="File holding the bearer token requests must send ('Authorization: Bearer "
+            "TOKEN'); made (owner-only) with a new token when missing. Default: "
+            "~/.rayrollout/env-serve/NAME-PORT.token",
+        ),
+    ] = None,
+    no_auth: Annotated[
+        bool,
+        typer.Option(
+            "--no-auth",
+            help="Take requests without a token: anyone who reaches HOST:PORT runs the "
+            "environment's tools. For NeMo Gym's agents, which send no credentials (ng_run's "
+            "entrypoint passes it); keep HOST a loopback address.",
+        ),
+    ] = False,
 ) -> None:
-    """Serve an environment over NeMo Gym's resources-server HTTP protocol (for NeMo Gym agents).
+    """Serve an environment over NeMo Gym's resources-server HTTP protocol.
 
-    NeMo Gym's simple_agent and ng_collect_rollouts use it at http://HOST:PORT as they use
-    their own resources servers (see README, "NeMo Gym").
+    Requests must carry the bearer token in --token-file (printed at start); NeMo Gym's
+    simple_agent and ng_collect_rollouts send none, so ng_run starts it with --no-auth
+    (see README, "NeMo Gym").
     """
     import os
     import time
@@ -168,14 +191,29 @@ def env_serve(
     import ray
     from ray import serve
 
+    from rayrollout.auth import RouteAuth
+    from rayrollout.data.config import RunConfig
     from rayrollout.engine.services import ensure_ray, ensure_serve
+    from rayrollout.environment.registry import configured_environment
     from rayrollout.environment.server import environment_app, environment_app_name
 
     if not route_prefix.startswith("/"):
         fail(f"--route-prefix must start with '/', got {route_prefix!r}", 2)
+    if no_auth and token_file is not None:
+        fail("--no-auth and --token-file contradict each other: pass one", 2)
     route = route_prefix.rstrip("/") or "/"
     spec = configured_environment(name, config_file)
     spec.load()  # an unknown or unimportable class fails here, before Ray starts
+    if no_auth:
+        auth, token_note = RouteAuth.open(), ""
+        console.print(
+            "[yellow]WARNING[/yellow]: no token (--no-auth): anyone who reaches "
+            f"{host}:{port} runs environment '{spec.name}''s tools and verifier. Only for "
+            "NeMo Gym's agents (they send no credentials), on a loopback or private address",
+            highlight=False,
+        )
+    else:
+        auth, token_note = _serve_token(token_file, spec.name, port)
     config = RunConfig.model_validate(
         {"namespace": namespace, "ray": {"serve_port": port, "serve_host": host}}
     )
@@ -186,12 +224,13 @@ def env_serve(
         spec,
         num_replicas=replicas,
         session_idle_timeout_s=session_idle_timeout,
+        auth=auth,
     )
     serve.run(app, name=environment_app_name(namespace, spec.name), route_prefix=route)
     url = f"http://{host}:{port}{'' if route == '/' else route}"
     console.print(
         f"environment '{spec.name}' speaks NeMo Gym's protocol at {url} (POST /seed_session, "
-        "/<tool>, /verify, /close_session, /aggregate_metrics; GET / lists the tools)",
+        f"/<tool>, /verify, /close_session, /aggregate_metrics; GET / lists the tools){token_note}",
         highlight=False,
     )
     typer.echo(url)
@@ -211,6 +250,21 @@ def env_serve(
             ray.shutdown()
         else:
             serve.delete(environment_app_name(namespace, spec.name))
+
+
+def _serve_token(token_file: Path | None, name: str, port: int) -> tuple[Any, str]:
+    """The ``RouteAuth`` of ``env serve`` and the line telling clients where its token is:
+    the file's token, or a new one written there (owner-only) when the file is missing."""
+    from rayrollout.auth import RouteAuth, read_token_file, write_token_file
+
+    safe_name = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    path = token_file or Path.home() / ".rayrollout" / "env-serve" / f"{safe_name}-{port}.token"
+    try:
+        token = read_token_file(path) if path.exists() else write_token_file(path)
+    except (OSError, ValueError) as exc:
+        fail(f"--token-file {path}: {exc}", 2)
+    note = f"; requests send 'Authorization: Bearer TOKEN' with the token in {path}"
+    return RouteAuth.bearer(token), note
 
 
 @env_app.command("nemo-gym-config")
@@ -235,6 +289,7 @@ def env_nemo_gym_config(
         resources_server_block,
         simple_agent_block,
     )
+    from rayrollout.environment.registry import load_environment
 
     env_cls = load_environment(name)
     server = f"rayrollout_{env_cls.name}"
@@ -244,6 +299,10 @@ def env_nemo_gym_config(
     }
     typer.echo(
         f"# ng_run finds the entrypoint through:  export NEMO_GYM_EXTRA_ROOTS={nemo_gym_root()}"
+    )
+    typer.echo(
+        "# NeMo Gym's agents send no credentials, so ng_run serves the environment without a "
+        f"token (env serve --no-auth) on {host}:{port}: keep it a loopback or private address"
     )
     typer.echo(yaml.safe_dump(config, sort_keys=False), nl=False)
 
@@ -258,6 +317,8 @@ def env_tasks(
     seed: Annotated[int, typer.Option("--seed", help="Generator seed.")] = 0,
 ) -> None:
     """Print generated task rows as JSONL (e.g. reasoning_gym's procedural datasets)."""
+    from rayrollout.environment.registry import load_environment
+
     env_cls = load_environment(name)
     generate = getattr(env_cls, "generate_tasks", None)
     if generate is None:

@@ -7,34 +7,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from rayrollout.cli.common import console, fail
+from rayrollout.cli.show_command import show
 
 __all__ = ["export", "report", "show"]
 
 RunFolderArgument = Annotated[Path, typer.Argument(help="Output folder of a run.")]
-
-
-def show(
-    directory: RunFolderArgument,
-    task_id: Annotated[str, typer.Option("--task-id", help="Task to show.")],
-    sample: Annotated[
-        int | None, typer.Option("--sample", help="Sample index (default: every sample).")
-    ] = None,
-) -> None:
-    """Print one trajectory as a readable conversation: messages, tool calls, reward, timings."""
-    from rayrollout.cli.show import find_trajectories, render_trajectory
-
-    found = find_trajectories(directory, task_id)
-    if sample is not None:
-        found = [t for t in found if t.sample_index == sample]
-    if not found:
-        which = f"task {task_id!r}" + (f" sample {sample}" if sample is not None else "")
-        fail(f"no trajectory of {which} in {directory}", 1)
-    out = Console()
-    for trajectory in found:
-        render_trajectory(trajectory, out)
 
 
 def report(

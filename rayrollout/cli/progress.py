@@ -1,4 +1,9 @@
-"""Terminal output of a run: a live progress bar and the closing summary table (rich)."""
+"""Terminal output of a run: a live progress bar and the closing summary table (rich).
+
+Both fit an 80-column terminal without cutting a figure: the bar's optional parts (episodes
+in flight) show only where there is room, and the table keeps to the figures a reader
+compares across environments, listing statuses other than ``ok`` only.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +13,14 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
 from rich.table import Table
 
+from rayrollout.cli.console_log import logs_routed
 from rayrollout.engine.figures import RunSnapshot
 from rayrollout.engine.stats import EnvStats
 
@@ -26,21 +33,39 @@ class RunProgress:
     Shown from ``begin`` on, not from ``with``: a run knows its episodes only once the engine
     holds the output folder (``resume`` leaves out what is written), and Ray's start-up logs
     should not scroll under a live bar.
+
+    Args:
+        console: Where the bar is drawn.
+        total: Episodes to count to, if known already.
+        redirect: Print what is written to ``sys.stdout``/``sys.stderr`` above the bar (rich's
+            redirection). Default: only when the run's logs are not routed to their file
+            (``console_log``); redirected, they would reach the console after all.
     """
 
-    def __init__(self, console: Console, total: int | None = None) -> None:
-        self.progress = Progress(
+    def __init__(
+        self, console: Console, total: int | None = None, redirect: bool | None = None
+    ) -> None:
+        redirect = not logs_routed() if redirect is None else redirect
+        wide = console.width >= _WIDE
+        columns: list[ProgressColumn] = [
             TextColumn("[bold]episodes"),
-            BarColumn(),
+            # What the other columns leave at their widest (10000/10000 episodes, 4-digit
+            # errors), so the line never wraps or cuts a figure.
+            BarColumn(bar_width=max(4, min(40, console.width - (84 if wide else 72)))),
             MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]:>7.1f}/s"),
+            TextColumn("{task.fields[rate]:.1f}/s"),
             TextColumn("reward {task.fields[reward]:.3f}"),
             TextColumn("errors {task.fields[errors]}"),
-            TextColumn("in flight {task.fields[in_flight]}"),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
+        ]
+        if wide:
+            columns.append(TextColumn("in flight {task.fields[in_flight]}"))
+        columns += [TimeElapsedColumn(), TimeRemainingColumn()]
+        self.progress = Progress(
+            *columns,
             console=console,
             refresh_per_second=4,
+            redirect_stdout=redirect,
+            redirect_stderr=redirect,
         )
         self.task_id = self.progress.add_task(
             "run", total=total, rate=0.0, reward=0.0, errors=0, in_flight=0
@@ -69,28 +94,38 @@ class RunProgress:
         )
 
 
-def summary_table(snapshot: RunSnapshot) -> Table:
-    """Per environment: episodes, mean reward, turns, tool calls, p50/p95 seconds, mean
-    seconds queued before the start, the share of wall time spent in model / tools / verify
-    / other, and statuses; the writer's time in the caption.
+_WIDE = 100
+"""Console columns from which the bar also shows the episodes in flight."""
 
-    Kept narrow enough for an 80-column terminal: environment names are never cut.
+
+def summary_table(snapshot: RunSnapshot) -> Table:
+    """Per environment: episodes, mean reward, turns, tool calls, p50/p95 seconds, the share
+    of wall time spent in model / tools / verify / other, and the statuses other than ok;
+    the mean wait for a free slot and the writer's time in the caption.
+
+    Kept within 80 columns: numbers never wrap or get cut, and the two text columns
+    (environment names, statuses) fold onto a second line rather than lose characters.
     """
     table = Table(
         title=f"rollout summary ({snapshot.elapsed_s:.1f} s, "
         f"{snapshot.episodes_per_s:.1f} episodes/s)",
         box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        collapse_padding=True,
-        caption="queued: mean s waiting for a free slot before the start; time %: share of "
-        "episode wall time in model / tools / verify / other" + _writer_line(snapshot),
+        show_edge=False,
+        padding=0,  # the box's blank between columns is the gap: 2 would need 87 columns
+        caption="time %: share of episode wall time in model / tools / verify / other; "
+        f"queued: {snapshot.total.mean_queued_s:.2f} s mean wait for a free slot"
+        + _writer_line(snapshot),
+        caption_justify="left",
     )
-    table.add_column("environment", no_wrap=True)
-    for column in ("episodes", "reward", "turns", "tools", "p50/p95 s", "queued", "time %"):
-        table.add_column(column, justify="right", no_wrap=True)
-    table.add_column("statuses", min_width=12)
     rows: list[tuple[str, EnvStats]] = list(snapshot.by_env.items())
     rows.append(("total", snapshot.total))
+    longest = max(len(name) for name, _ in rows)
+    # Squeezed, a text column folds to its minimum: the header stays whole, and a name
+    # folds only past 15 characters.
+    table.add_column("environment", overflow="fold", min_width=max(11, min(longest, 15)))
+    for column in ("episodes", "reward", "turns", "tools", "p50/p95 s", "time %"):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("not ok", overflow="fold", min_width=12)
     for name, stats in rows:
         n = max(stats.episodes, 1)
         table.add_row(
@@ -99,18 +134,27 @@ def summary_table(snapshot: RunSnapshot) -> Table:
             f"{stats.mean_reward:.3f}",
             f"{stats.turns / n:.2f}",
             f"{stats.tool_calls / n:.2f}",
-            f"{stats.percentile(0.5):.2f}/{stats.percentile(0.95):.2f}",
-            f"{stats.mean_queued_s:.2f}",
+            f"{_seconds(stats.percentile(0.5))}/{_seconds(stats.percentile(0.95))}",
             "/".join(f"{100 * v:.0f}" for v in stats.time_split().values()),
             _statuses(stats),
         )
     return table
 
 
+def _seconds(value: float) -> str:
+    """Three significant digits at most (0.12, 2.28, 10.6, 123), so p50/p95 stays narrow."""
+    if value < 10:
+        return f"{value:.2f}"
+    return f"{value:.1f}" if value < 100 else f"{value:.0f}"
+
+
 def _statuses(stats: EnvStats) -> str:
-    """Statuses with their counts, and sessions that failed to close (their rows say why)."""
-    text = ", ".join(f"{k}={v}" for k, v in sorted(stats.statuses.items())) or "-"
-    return f"{text}, close failed={stats.close_errors}" if stats.close_errors else text
+    """Statuses other than ok with their counts, and sessions that failed to close (their
+    rows say why); ``-`` when every episode ended ok."""
+    others = [f"{k}={v}" for k, v in sorted(stats.statuses.items()) if k != "ok"]
+    if stats.close_errors:
+        others.append(f"close failed={stats.close_errors}")
+    return ", ".join(others) or "-"
 
 
 def _writer_line(snapshot: RunSnapshot) -> str:

@@ -108,6 +108,12 @@ class EnvironmentConfig(BaseModel):
         "environment (POST /seed_session, /<tool>, /verify, /close_session); tools come from "
         "the task rows. Excludes 'path' and 'hosting'.",
     )
+    token_file: str | None = Field(
+        default=None,
+        description="A file holding the bearer token the server at 'url' takes (sent as "
+        "'Authorization: Bearer ...'): the file `rayrollout env serve` prints. Read by each "
+        "agent when it first calls the server; the token itself is never in the config.",
+    )
     timeout_s: float = Field(
         default=60.0, gt=0, description="Timeout of one HTTP call to 'url' (one attempt)."
     )

@@ -92,6 +92,7 @@ class RunFolder:
         self.driver_pid: int | None = None
         """The process whose run this writer serves (its driver), noted in the lock file so
         that a second run can tell a live run from a killed one's orphan; None: this one."""
+        self._rejected: set[str] | None = None  # the rejects file's rows, read when first needed
 
     def __repr__(self) -> str:
         return f"RunFolder({str(self.path)!r}, fmt={self._format!r})"
@@ -136,6 +137,7 @@ class RunFolder:
             part.unlink(missing_ok=True)
         if rejects:
             self.rejects_path.unlink(missing_ok=True)
+            self._rejected = None
 
     @property
     def rejects_path(self) -> Path:
@@ -143,10 +145,20 @@ class RunFolder:
         return self.path / REJECTS_FILE
 
     def add_reject(self, record: dict[str, Any]) -> None:
-        """Append one rejected task row's record (reason and raw line) to the rejects file."""
+        """Append one rejected task row's record (reason and raw line) to the rejects file,
+        once: a ``--resume`` reads the same tasks file and meets the same bad rows again."""
+        line = json.dumps(record, ensure_ascii=False)
+        if self._rejected is None:
+            try:
+                self._rejected = set(self.rejects_path.read_text(encoding="utf-8").splitlines())
+            except FileNotFoundError:
+                self._rejected = set()
+        if line in self._rejected:
+            return
         self.create()
         with self.rejects_path.open("a", encoding="utf-8") as file:
-            file.write(json.dumps(record, ensure_ascii=False) + "\n")
+            file.write(line + "\n")
+        self._rejected.add(line)
 
     # Writing.
 

@@ -27,6 +27,7 @@ import ray
 from pydantic import SecretStr
 from ray.exceptions import ActorUnavailableError, RayActorError
 
+from rayrollout.auth import RouteAuth, new_token
 from rayrollout.data.config import RunConfig
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.writer import PartWriter, make_sink
@@ -68,6 +69,7 @@ class EngineActor(TrainingLoopAPI):
         detached: bool = False,
         policy_key: SecretStr | None = None,  # for the agents only (engine/secret_env.py)
         driver_pid: int | None = None,  # the run's driver, noted in the folder's lock
+        route_token: SecretStr | None = None,  # what the run's HTTP routes take (auth.py)
     ) -> None:
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
         self.config = config
@@ -94,7 +96,9 @@ class EngineActor(TrainingLoopAPI):
         self.metrics = RunMetrics(config.namespace)
         self.chunk = chunk_size(config.concurrency, config.agents.num_agents)
         self.queue: asyncio.Queue[EpisodeSpec] = asyncio.Queue(maxsize=2 * config.concurrency)
-        self.environments = EnvironmentDeployer(config)
+        # Without a token given, a fresh one nobody holds: the routes answer no one over HTTP.
+        token = route_token.get_secret_value() if route_token else new_token()
+        self.environments = EnvironmentDeployer(config, RouteAuth.bearer(token))
         self.write_lock = asyncio.Lock()
         self.feeder: asyncio.Task[None] | None = None
         self.calls: set[asyncio.Task[None]] = set()  # agent calls in flight
@@ -107,7 +111,7 @@ class EngineActor(TrainingLoopAPI):
         self.all_done = asyncio.Event()
         self.all_done.set()
         self.batch_first_part = 0
-        self.weights = WeightSync(config, policy_url, self.agents)
+        self.weights = WeightSync(config, policy_url, self.agents, token)
         self.sampling = SamplingCounts()
         self.waiters: dict[int, _Waiter] = {}  # id(spec) -> the generate() call awaiting it
         self.next_sample: dict[str, int] | None = None  # read from the folder when first needed

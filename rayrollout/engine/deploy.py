@@ -14,7 +14,9 @@ from collections.abc import Iterable
 
 from ray import serve
 
+from rayrollout.auth import RouteAuth
 from rayrollout.data.config import RunConfig
+from rayrollout.engine.services import ensure_serve
 from rayrollout.environment.registry import environment_spec
 from rayrollout.environment.server import (
     environment_app,
@@ -30,8 +32,9 @@ __all__ = ["EnvironmentDeployer"]
 class EnvironmentDeployer:
     """Deploys each environment a run needs once; ``ready`` holds those already settled."""
 
-    def __init__(self, config: RunConfig) -> None:
+    def __init__(self, config: RunConfig, auth: RouteAuth) -> None:
         self.config = config
+        self.auth = auth  # what the environments' HTTP routes take (the run's token)
         self.ready: set[str] = set()
         self._lock = asyncio.Lock()  # two batches naming a new environment deploy it once
 
@@ -63,9 +66,14 @@ class EnvironmentDeployer:
                     num_cpus=settings.num_cpus,
                     options=environment_deployment_options(self.config, name),
                     session_idle_timeout_s=settings.session_idle_timeout_s,
+                    auth=self.auth,
                 )
                 app_name = environment_app_name(self.config.namespace, name)
                 # The route serves NeMo Gym's HTTP protocol (environment/nemo_gym/routes.py).
                 route = environment_route(self.config.namespace, name)
+                # Serve starts with the run's HTTP options (port, host) at the first
+                # Serve-hosted part, here when the policy is external: serve.run alone would
+                # start it on Ray's defaults. A run without one starts no Serve at all.
+                await asyncio.to_thread(ensure_serve, self.config)
                 await asyncio.to_thread(serve.run, app, name=app_name, route_prefix=route)
             self.ready.add(name)

@@ -37,12 +37,22 @@ import os
 import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from pydantic import SecretStr
 
 from rayrollout.data.config import RunConfig
+from rayrollout.policy.kinds import policy_kind
 
-__all__ = ["SECRET_NAME", "is_secret_name", "policy_key", "secret_names", "without_secrets"]
+__all__ = [
+    "SECRET_NAME",
+    "agents_policy_key",
+    "is_secret_name",
+    "policy_key",
+    "route_token_path",
+    "secret_names",
+    "without_secrets",
+]
 
 # The rule, on the upper-cased name: a name ending in one of these words (whole words
 # between underscores), or any AWS_ variable (credentials, session tokens and the config
@@ -94,3 +104,17 @@ def policy_key(config: RunConfig) -> SecretStr | None:
     that a repr or a log line shows stars; None when the variable is unset or empty."""
     value = os.environ.get(config.policy.api_key_env)
     return SecretStr(value) if value else None
+
+
+def agents_policy_key(config: RunConfig, route_token: SecretStr) -> SecretStr | None:
+    """The key the agents send to the policy: the run's route token when rayrollout deploys
+    the policy (its routes take only that), else the driver's key for the external server."""
+    if policy_kind(config.policy.kind).build_app is not None:
+        return route_token
+    return policy_key(config)
+
+
+def route_token_path(namespace: str) -> Path:
+    """Where a run's route token is written (owner-only), for a person who wants to call the
+    run's Serve routes by hand: ``~/.rayrollout/route-tokens/<namespace>``."""
+    return Path.home() / ".rayrollout" / "route-tokens" / namespace

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 
 import ray
 from ray import serve
+from ray.exceptions import RayActorError
 
+from rayrollout.auth import RouteAuth
 from rayrollout.data.config import RunConfig
+from rayrollout.engine.ray_auth import require_ray_token_auth
 from rayrollout.engine.secret_env import without_secrets
-from rayrollout.errors import InputError
+from rayrollout.errors import ClusterError, InputError
 from rayrollout.policy.kinds import policy_kind
 
 __all__ = [
@@ -24,6 +28,7 @@ __all__ = [
     "ensure_ray",
     "ensure_serve",
     "policy_app_name",
+    "prepare_policy",
 ]
 
 
@@ -38,15 +43,22 @@ def ensure_ray(config: RunConfig) -> None:
     GCS, the raylet and every worker it forks inherit the environment ``ray.init`` runs
     in, and tool code in an environment replica can read its own or its parent's. The
     policy key reaches the agents as a constructor argument instead (``secrets``).
+
+    Ray's token authentication is asked for explicitly, local or cluster (``ray_auth``):
+    Ray 2.60 binds its gRPC ports on every interface, and the token is what keeps a
+    stranger on the network from submitting work.
     """
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    require_ray_token_auth()
     address = config.ray.address or os.environ.get("RAY_ADDRESS")
     kwargs: dict = {"namespace": config.namespace, "logging_level": logging.WARNING}
     if address:  # a cluster started by someone else: its workers' environment is theirs
         ray.init(address=address, **kwargs)
         return
+    for name, value in _SERVE_PATIENCE.items():  # the local Ray's processes inherit them
+        os.environ.setdefault(name, value)
     with without_secrets(extra=[config.policy.api_key_env]):
         ray.init(
             address="local",  # join a cluster only when RAY_ADDRESS or --address says so
@@ -57,29 +69,56 @@ def ensure_ray(config: RunConfig) -> None:
 
 
 def ensure_serve(config: RunConfig) -> None:
-    """Start Serve (or reuse the running one) with HTTP on the configured address."""
-    serve.start(
-        proxy_location=config.ray.serve_proxy_location,
-        http_options={"host": config.ray.serve_host, "port": config.ray.serve_port},
-        logging_config={"log_level": "WARNING"},
-    )
+    """Start Serve (or reuse the running one) with HTTP on the configured address.
+
+    A proxy the controller gave up on while it started (a loaded machine, see
+    ``_SERVE_PATIENCE``) is started again, twice at most; then one line says what failed.
+    """
+    for attempt in range(3):
+        try:
+            serve.start(
+                proxy_location=config.ray.serve_proxy_location,
+                http_options={"host": config.ray.serve_host, "port": config.ray.serve_port},
+                logging_config={"log_level": "WARNING"},
+            )
+            return
+        except RayActorError as exc:
+            if attempt == 2:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                raise ClusterError(
+                    f"Ray Serve's HTTP proxy died while starting, 3 times ({first}); the "
+                    "machine may be overloaded: see Ray's logs (the run's _logs folder), "
+                    "or raise RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"
+                ) from None
+
+
+# Serve's controller kills an HTTP proxy not ready within 5 s of starting (health checks
+# allow 10 s): on a loaded machine (2 cores, two busy loops and a run) a new proxy process
+# took longer, and `serve.start` failed with ActorDiedError. Waits kept unless set by the user.
+_SERVE_PATIENCE = {
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
+    "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60",
+}
 
 
 def policy_app_name(namespace: str) -> str:
     return f"{namespace}.policy"
 
 
-def deploy_policy(config: RunConfig) -> str:
-    """Deploy the policy the config asks for and return its OpenAI base URL.
+def prepare_policy(config: RunConfig, auth: RouteAuth) -> tuple[str, Callable[[], None] | None]:
+    """The policy's OpenAI base URL, and the call that deploys it (None: an external server).
 
     The kind (``policy.kind``) is found by name (``rayrollout.policy.kinds``): a deployed
-    kind (scripted, vLLM) is run on Serve here; an external server (``openai``) is used at
-    ``policy.base_url``.
+    kind (scripted, vLLM) is built here, its routes taking the bearers ``auth`` accepts, and
+    runs on Serve when the returned call is made; an external server (``openai``) is used at
+    ``policy.base_url`` and needs no Serve at all. Split from deploying because the URL is
+    known before the app runs: the driver starts the engine and its agents while Serve brings
+    the policy up (``RolloutEngine``), each taking seconds. A bad config fails here, at once.
     """
     policy = config.policy
     try:
         kind = policy_kind(policy.kind)
-        app = kind.build_app(config) if kind.build_app is not None else None
+        app = kind.build_app(config, auth) if kind.build_app is not None else None
     except (ValueError, RuntimeError) as exc:  # a deployment file missing, wrong, unreadable
         raise PolicyEndpointError(str(exc)) from None
     if app is None:
@@ -88,8 +127,20 @@ def deploy_policy(config: RunConfig) -> str:
                 f"policy kind '{policy.kind}' needs a base URL: pass --base-url URL "
                 "(and --model NAME)"
             )
-        return policy.base_url
-    ensure_serve(config)
+        return policy.base_url, None
     route = f"/{config.namespace}/policy"
-    serve.run(app, name=policy_app_name(config.namespace), route_prefix=route)
-    return f"http://127.0.0.1:{config.ray.serve_port}{route}/v1"
+
+    def deploy() -> None:
+        ensure_serve(config)
+        serve.run(app, name=policy_app_name(config.namespace), route_prefix=route)
+
+    return f"http://127.0.0.1:{config.ray.serve_port}{route}/v1", deploy
+
+
+def deploy_policy(config: RunConfig, auth: RouteAuth) -> str:
+    """Deploy the policy the config asks for and return its OpenAI base URL, in one call
+    (``prepare_policy``, then its deploy call when there is one)."""
+    url, deploy = prepare_policy(config, auth)
+    if deploy is not None:
+        deploy()
+    return url

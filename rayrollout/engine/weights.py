@@ -32,12 +32,15 @@ __all__ = ["WeightSync", "WeightUpdateError"]
 class WeightSync:
     """The version, the paused state and the agents' gates, kept together by the engine."""
 
-    def __init__(self, config: RunConfig, policy_url: str, agents: list[Any]) -> None:
+    def __init__(
+        self, config: RunConfig, policy_url: str, agents: list[Any], route_token: str
+    ) -> None:
         self.config = config
         self.agents = agents
-        self.backend: WeightBackend = policy_kind(config.policy.kind).weight_backend(
-            config, policy_url
-        )
+        kind = policy_kind(config.policy.kind)
+        # A deployed policy's routes take the run's token; an external one is not ours.
+        token = route_token if kind.build_app is not None else None
+        self.backend: WeightBackend = kind.weight_backend(config, policy_url, token)
         self.version = 0
         self.paused = False
         self.lock = asyncio.Lock()

@@ -15,12 +15,14 @@ replicas every call of one HTTP episode still reaches the replica holding its st
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
+from rayrollout.auth import RouteAuth
 from rayrollout.data.config import DEFAULT_SESSION_IDLE_TIMEOUT_S, RunConfig
 from rayrollout.data.schema import Task
 from rayrollout.environment.contract import Environment, Episode, ToolResult, Verification
@@ -59,7 +61,13 @@ class EnvironmentServer(NemoGymRoutes):
         spec: EnvironmentSpec,
         session_idle_timeout_s: float = DEFAULT_SESSION_IDLE_TIMEOUT_S,
         single_replica: bool = False,
+        auth: RouteAuth | None = None,
     ) -> None:
+        # HTTP callers must bear the run's token; handle calls (the engine's) never pass HTTP.
+        # None (no RouteAuth given) leaves the routes refusing everyone.
+        if auth is not None:
+            auth.install()
+        _bind_routes_here()
         self.spec = spec
         self.env_cls = spec.load()
         self.env_name = spec.name
@@ -143,6 +151,19 @@ class EnvironmentServer(NemoGymRoutes):
         return self.sessions.expired_count
 
 
+def _bind_routes_here() -> None:
+    """Make sure this module ran in the replica's process, before its first request.
+
+    Serve ships this class by value (the module's name holds the Deployment, not the class),
+    while the route functions of ``NemoGymRoutes`` travel by reference. ``@serve.ingress``
+    marks those functions' ``self`` as injected (their ``__signature__``) when this module
+    is imported; that mark does not travel with a function sent by reference. A replica
+    that never imported this module (nothing else of rayrollout imports it there since
+    ``import rayrollout`` is lazy) then answers every route 422 "missing query 'self'".
+    """
+    importlib.import_module(__name__)
+
+
 def environment_route(namespace: str, env_name: str) -> str:
     """HTTP route prefix of an environment's app (NeMo Gym protocol) on Serve's proxy."""
     return f"/{namespace}/env/{env_name}"
@@ -171,15 +192,20 @@ def environment_app(
     num_cpus: float = 0.1,
     options: dict[str, Any] | None = None,
     session_idle_timeout_s: float = DEFAULT_SESSION_IDLE_TIMEOUT_S,
+    *,
+    auth: RouteAuth,
 ) -> serve.Application:
     """A Serve application hosting environment ``env`` on ``num_replicas`` replicas; a
-    stateful session with no call for ``session_idle_timeout_s`` is closed.
+    stateful session with no call for ``session_idle_timeout_s`` is closed. Its HTTP routes
+    take requests bearing the token ``auth`` was made from (``RouteAuth.bearer(token)``), or
+    any request when the caller chose ``RouteAuth.open()``: there is no default.
 
     ``env`` is a spec (``registry.environment_spec``: its config ``args`` included) or a
     registered name or ``"module:Class"`` path (built without args).
 
     Example:
-        >>> app = environment_app("weather", num_replicas=2)  # doctest: +SKIP
+        >>> auth = RouteAuth.bearer(token)
+        >>> app = environment_app("weather", num_replicas=2, auth=auth)  # doctest: +SKIP
         >>> serve.run(app, name="weather", route_prefix="/weather")  # doctest: +SKIP
     """
     spec = env if isinstance(env, EnvironmentSpec) else environment_spec(env)
@@ -196,4 +222,4 @@ def environment_app(
         ray_actor_options=actor_options,
         **options,
     )
-    return deployment.bind(spec, session_idle_timeout_s, single_replica)
+    return deployment.bind(spec, session_idle_timeout_s, single_replica, auth)

@@ -200,11 +200,16 @@ async def play_in_both_hostings(
     """
     from ray import serve
 
+    from rayrollout.auth import RouteAuth, new_token
     from rayrollout.environment.server import environment_app
     from rayrollout.environment.sessions import InlineSession, ServeSession
 
     name = f"test-{env_cls.name}"
-    app = environment_app(f"{env_cls.__module__}:{env_cls.__qualname__}", num_replicas=replicas)
+    app = environment_app(
+        f"{env_cls.__module__}:{env_cls.__qualname__}",
+        num_replicas=replicas,
+        auth=RouteAuth.bearer(new_token()),  # played through handles: HTTP is shut to all
+    )
     # serve.run and serve.delete block until done: off the event loop the test runs on.
     handle = await asyncio.to_thread(serve.run, app, name=name, route_prefix=None)
     results = []

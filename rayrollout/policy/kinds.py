@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Protocol
 
+from rayrollout.auth import RouteAuth
 from rayrollout.data.config import RunConfig
 from rayrollout.errors import InputError, PolicyBoundaryError
 from rayrollout.policy.gate import PauseMode
@@ -74,13 +75,15 @@ class PolicyKind:
 
     name: str
     """The ``policy.kind`` value that picks it."""
-    build_app: Callable[[RunConfig], Any] | None
+    build_app: Callable[[RunConfig, RouteAuth], Any] | None
     """The Serve application for the run's config (``serve.Application``), or None for a
     server that runs elsewhere (``policy.base_url``). May fill policy settings the config
     left unset (vLLM's deployment file names the model); raises ``ValueError`` naming a
-    config that cannot work."""
-    weight_backend: Callable[[RunConfig, str], WeightBackend]
-    """The backend for the run's config and the policy's base URL."""
+    config that cannot work. Its routes must take only what the ``RouteAuth`` accepts (the
+    run's token): the control routes, where a kind has them, above all."""
+    weight_backend: Callable[[RunConfig, str, str | None], WeightBackend]
+    """The backend for the run's config, the policy's base URL and the bearer token its
+    routes take (None for an external server: its key is the agents' business)."""
 
 
 class FixedWeights(ABC):
@@ -108,7 +111,7 @@ class _ExternalWeights(FixedWeights):
         )
 
 
-EXTERNAL = PolicyKind("openai", None, lambda config, url: _ExternalWeights())
+EXTERNAL = PolicyKind("openai", None, lambda config, url, token: _ExternalWeights())
 
 
 _BUILT_IN = "rayrollout.policy.kinds:EXTERNAL"

@@ -48,12 +48,15 @@ class Sweep:
         }
 
     def start_policy(self) -> None:
+        from rayrollout.auth import RouteAuth
         from rayrollout.data.config import RunConfig
         from rayrollout.engine.services import deploy_policy, ensure_ray
 
-        config = RunConfig.model_validate(self.base_config())
+        # The model NeMo Gym's servers call (their stub block sends "unused" as its key), in
+        # a namespace of its own: each RolloutEngine deploys its own policy with its token.
+        config = RunConfig.model_validate({**self.base_config(), "namespace": "ngsweep-model"})
         ensure_ray(config)
-        self.policy_url = deploy_policy(config)
+        self.policy_url = deploy_policy(config, RouteAuth.bearer("unused"))
 
     def start_servers(self, batch: list[Server], index: int) -> tuple[NemoGymRun | None, dict]:
         """ng_run for the batch; a server that makes ng_run fail is dropped and noted."""

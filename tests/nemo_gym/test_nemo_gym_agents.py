@@ -65,7 +65,11 @@ CASES = {
 def policy_url(serve_session: int) -> str:
     from rayrollout.deployments.scripted import scripted_policy_app
 
-    serve.run(scripted_policy_app(), name="ng-agents-policy", route_prefix="/ng-agents-policy")
+    from rayrollout.auth import RouteAuth
+
+    # NeMo Gym's openai_model sends its openai_api_key (below) as the bearer token.
+    app = scripted_policy_app(auth=RouteAuth.bearer("not-needed"))
+    serve.run(app, name="ng-agents-policy", route_prefix="/ng-agents-policy")
     yield f"http://127.0.0.1:{serve_session}/ng-agents-policy/v1"
     serve.delete("ng-agents-policy")
 

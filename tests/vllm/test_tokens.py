@@ -149,8 +149,9 @@ def test_bad_vllm_config_names_the_file_and_the_key(tmp_path):
 
 
 def test_vllm_policy_without_a_deployment_file_says_which_flag_to_pass():
+    from rayrollout.auth import RouteAuth
     from rayrollout.data.config import RunConfig
     from rayrollout.engine.services import PolicyEndpointError, deploy_policy
 
     with pytest.raises(PolicyEndpointError, match="--policy-config"):
-        deploy_policy(RunConfig.model_validate({"policy": {"kind": "vllm"}}))
+        deploy_policy(RunConfig.model_validate({"policy": {"kind": "vllm"}}), RouteAuth.open())

@@ -32,6 +32,7 @@ class Services:
     model: str
     model_path: Path
     work_dir: Path
+    token: str  # what the run's policy routes take (RolloutEngine.route_token)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,8 @@ def services(tmp_path_factory: pytest.TempPathFactory, serve_session: int) -> It
     with RolloutEngine(config) as rollout:
         rollout.start()
         print(f"\nvLLM + engine up in {time.perf_counter() - started:.0f}s")
-        yield Services(rollout.policy_url, config.policy.model, model_path, work_dir)
+        token = rollout.route_token.get_secret_value()
+        yield Services(rollout.policy_url, config.policy.model, model_path, work_dir, token)
     serve.delete(policy_app_name(NAMESPACE))
 
 
@@ -70,7 +72,12 @@ def served_logprobs(services: Services, tries: int = 4) -> list[list[float]]:
     }
     answers = []
     for _ in range(tries):
-        response = httpx.post(f"{services.policy_url}/completions", json=body, timeout=120)
+        response = httpx.post(
+            f"{services.policy_url}/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {services.token}"},
+            timeout=120,
+        )
         response.raise_for_status()
         scored = response.json()["choices"][0]["prompt_logprobs"][1:]
         answers.append([next(iter(d.values()))["logprob"] for d in scored])
@@ -90,6 +97,25 @@ def checkpoint_logprobs(path: Path) -> list[float]:
 
 def gap(a: list[float], b: list[float]) -> float:
     return sum(abs(x - y) for x, y in zip(a, b, strict=True)) / len(a)
+
+
+def test_control_routes_answer_only_the_runs_token(services):
+    """/pause and /collective_rpc pause the model and run methods in its workers: without the
+    run's token they answer 401 and nothing pauses; with it the control plane answers."""
+    import httpx
+
+    root = services.policy_url.removesuffix("/v1")
+    token = {"Authorization": f"Bearer {services.token}"}
+    for route, body in (
+        ("pause", {"model": services.model, "options": {"mode": "abort"}}),
+        ("collective_rpc", {"model": services.model, "method": "rayrollout_reload_weights"}),
+    ):
+        for headers in ({}, {"Authorization": "Bearer not-the-token"}):
+            refused = httpx.post(f"{root}/{route}", json=body, headers=headers, timeout=60)
+            assert refused.status_code == 401, (route, refused.text)
+    paused = httpx.get(f"{root}/is_paused", params={"model": services.model}, headers=token)
+    assert paused.status_code == 200, paused.text
+    assert "true" not in paused.text.lower(), paused.text  # the refused /pause did nothing
 
 
 def test_grpo_example_runs_three_steps_and_the_weights_really_change(services):

@@ -9,6 +9,7 @@ session, and is deleted at the end. Fixtures live here, not in a conftest.py: a 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "vllm-tests"
+KEY_ENV = "RAYROLLOUT_VLLM_TIER_TOKEN"  # the deployed policy's token, as a driver's key
 
 
 @dataclass
@@ -34,6 +36,7 @@ class VllmPolicy:
     model_path: Path
     serve_port: int
     startup_s: float
+    token: str  # what its routes take (rayrollout.auth)
 
 
 @pytest.fixture(scope="session")
@@ -64,14 +67,19 @@ def vllm_policy(
             "ray": {"serve_port": serve_session},
         }
     )
+    from rayrollout.auth import RouteAuth, new_token
+
+    token = new_token()
+    os.environ[KEY_ENV] = token  # the engines of run() send it as their policy key
     started = time.perf_counter()
-    base_url = deploy_policy(config)
+    base_url = deploy_policy(config, RouteAuth.bearer(token))
     policy = VllmPolicy(
         base_url=base_url,
         model=config.policy.model,
         model_path=tiny_model_path,
         serve_port=serve_session,
         startup_s=time.perf_counter() - started,
+        token=token,
     )
     print(f"\nvLLM policy (2 replicas) healthy after {policy.startup_s:.0f}s at {base_url}")
     yield policy
@@ -104,6 +112,7 @@ def run(vllm_policy: Any, tmp_path: Path, tasks: list[dict], repeats: int, **pol
         "policy": {
             "kind": "openai",
             "base_url": vllm_policy.base_url,
+            "api_key_env": KEY_ENV,
             "model": vllm_policy.model,
             "tokenizer": str(vllm_policy.model_path),
             "prompt_mode": "token_ids",
@@ -172,7 +181,10 @@ def test_first_prompt_matches_vllms_own_chat_rendering(vllm_policy):
         "max_tokens": 1,
         "return_token_ids": True,
     }
-    answer = httpx.post(f"{vllm_policy.base_url}/chat/completions", json=body, timeout=120)
+    headers = {"Authorization": f"Bearer {vllm_policy.token}"}
+    url = f"{vllm_policy.base_url}/chat/completions"
+    assert httpx.post(url, json=body, timeout=120).status_code == 401  # no token, no answer
+    answer = httpx.post(url, json=body, headers=headers, timeout=120)
     answer.raise_for_status()
     tokenizer = transformers.AutoTokenizer.from_pretrained(vllm_policy.model_path)
     local = tokenizer.apply_chat_template(
@@ -222,6 +234,7 @@ def test_ratio_benchmark_measures_both_clients_on_the_same_server(vllm_policy):
         max_tokens=16,
         rounds=2,
         serve_port=vllm_policy.serve_port,
+        token=vllm_policy.token,
         namespace="vllm-tests-bench",
     )
     print(f"\nratio benchmark (smoke): {json.dumps(result)}")
@@ -248,3 +261,26 @@ def test_gpu_config_gives_ray_serve_llm_tensor_parallel_bundles_on_h100_nodes(ra
     assert all(b["GPU"] == 1 and b.get("accelerator_type:H100", 0) > 0 for b in bundles)
     assert options["placement_group_strategy"] == "STRICT_PACK"
     assert options["autoscaling_config"]["max_replicas"] == 8
+
+
+def test_vllm_routes_and_control_routes_take_only_the_runs_token(vllm_policy):
+    """Every route of the app answers 401 without the token, before any routing (this
+    deployment has no control routes; test_training_loop_vllm checks those of one that has)."""
+    import httpx
+
+    root = vllm_policy.base_url.removesuffix("/v1")
+    wrong = {"Authorization": "Bearer not-the-token"}
+    for route, body in (
+        ("pause", {"model": vllm_policy.model, "options": {"mode": "abort"}}),
+        ("collective_rpc", {"model": vllm_policy.model, "method": "rayrollout_reload_weights"}),
+        ("v1/models", None),
+    ):
+        for headers in ({}, wrong):
+            refused = httpx.post(f"{root}/{route}", json=body, headers=headers, timeout=60)
+            assert refused.status_code == 401, (route, refused.text)
+    models = httpx.get(
+        f"{vllm_policy.base_url}/models",
+        headers={"Authorization": f"Bearer {vllm_policy.token}"},
+        timeout=60,
+    )
+    assert models.status_code == 200 and models.json()["data"][0]["id"] == vllm_policy.model

@@ -30,6 +30,7 @@ from typing import Any
 
 import aiohttp
 
+from rayrollout.auth import bearer_header, read_token_file
 from rayrollout.data.config import EnvironmentConfig
 from rayrollout.data.convert import json_or_text
 from rayrollout.data.responses import (
@@ -93,6 +94,19 @@ class NemoGymConnections:
     def __init__(self, limit: int = 0) -> None:
         self.limit = limit
         self._connector: aiohttp.TCPConnector | None = None
+        self._tokens: dict[str, dict[str, str]] = {}  # token file -> its Authorization header
+
+    def auth_headers(self, config: EnvironmentConfig) -> dict[str, str]:
+        """The ``Authorization`` header for ``config.token_file`` (read once), or none."""
+        path = config.token_file
+        if path is None:
+            return {}
+        if path not in self._tokens:
+            try:
+                self._tokens[path] = bearer_header(read_token_file(path))
+            except ValueError as exc:
+                raise NemoGymError(f"{exc} (environments.*.token_file)") from None
+        return self._tokens[path]
 
     def connector(self) -> aiohttp.TCPConnector:
         if self._connector is None or self._connector.closed:
@@ -156,6 +170,7 @@ class RemoteSession:
                 connector_owner=False,
                 cookie_jar=aiohttp.CookieJar(unsafe=True),
                 timeout=aiohttp.ClientTimeout(total=self.config.timeout_s),
+                headers=self.pool.auth_headers(self.config),
             )
         return self.http
 

@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from rayrollout.auth import BearerTokenGate
 from rayrollout.data.convert import chat_tools_to_responses
 from rayrollout.data.responses import items_to_messages
 from rayrollout.data.schema import Message, Task
@@ -41,6 +42,9 @@ __all__ = ["SESSION_COOKIE", "NemoGymRoutes", "http_app"]
 
 SESSION_COOKIE = "rayrollout_session"
 http_app = FastAPI(title="rayrollout environment: NeMo Gym resources-server protocol")
+# Every route runs the environment's code: only bearers of the replica's token get in
+# (rayrollout/auth.py; the replica installs its RouteAuth when it starts).
+http_app.add_middleware(BearerTokenGate)
 
 
 class _HttpError(EnvironmentBoundaryError):

@@ -4,7 +4,9 @@
 folder with NeMo Gym's interpreter; a resources server it did not write still needs one.
 This one runs ``rayrollout env serve ENVIRONMENT --host HOST --port PORT`` in its place
 (``exec``, so ng_run's signals reach the server itself), on the host and port of its config
-block. NeMo Gym's agents then address it by ``host:port`` as any resources server.
+block. NeMo Gym's agents then address it by ``host:port`` as any resources server. They
+send no credentials (0.7.0's ServerClient builds ``http://host:port/route`` and no headers),
+so this entrypoint serves with ``--no-auth``: keep ``host`` a loopback or private address.
 
 The block (see README, "NeMo Gym"), under ``resources_servers: rayrollout_env:``::
 
@@ -58,7 +60,7 @@ def main() -> None:
         )
     command = [
         found, "env", "serve", str(block["environment"]),
-        "--host", str(block["host"]), "--port", str(block["port"]),
+        "--host", str(block["host"]), "--port", str(block["port"]), "--no-auth",
         *map(str, block.get("serve_args") or []),
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}

@@ -1,0 +1,392 @@
+"""Checks before start (``rayrollout.api.preflight``), as a user meets them on the command line:
+each mistake is one ``error:`` line naming the fix and exit 2, a tasks file without rows is
+one notice and exit 0, and in every case nothing was started.
+
+"Nothing was started" is shown two ways, never by a stopwatch: in-process (typer's
+``CliRunner``), ``RolloutEngine._start`` (which starts Ray) is replaced by one that records
+the call and raises ``Started``; through the real ``rayrollout`` binary, Ray's temporary
+folder (``RAY_TMPDIR``) stays empty. A check that lets a good setup through is shown the
+same way: that run reaches the start.
+
+The endpoint probe meets real HTTP servers on 127.0.0.1 (answering 401, 403, 404 or a model
+list) and a port nothing listens on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from netutil import free_port
+from typer.testing import CliRunner
+
+from rayrollout.api.rollout_engine import RolloutEngine
+from rayrollout.cli.commands import app
+
+ROOT = Path(__file__).resolve().parents[1]
+RAYROLLOUT = Path(sys.executable).parent / "rayrollout"
+KEY = "sk-preflight-test-5150"
+runner = CliRunner()
+
+
+class Started(Exception):
+    """Raised where the run would start Ray: the checks let it through."""
+
+
+@pytest.fixture
+def starts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every attempt to start Ray and the engine, recorded (and stopped with ``Started``)."""
+    calls: list[str] = []
+
+    def start(self: RolloutEngine, *args: Any, **kwargs: Any) -> RolloutEngine:
+        calls.append(self.config.output.dir)
+        raise Started
+
+    monkeypatch.setattr(RolloutEngine, "_start", start)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return calls
+
+
+def collect(*args: Any) -> tuple[int, str, BaseException | None]:
+    """``rayrollout collect ARGS`` in-process: exit code, output, and an escaped exception."""
+    result = runner.invoke(app, ["collect", *(str(a) for a in args)])
+    return result.exit_code, result.output, result.exception
+
+
+def one_error_line(output: str) -> str:
+    """The one ``error:`` line of a refused command (never a traceback)."""
+    lines = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in output, output
+    return lines[0]
+
+
+def tasks_file(folder: Path, *environments: str) -> Path:
+    path = folder / "tasks.jsonl"
+    rows = [
+        {"task_id": f"t{i}", "prompt": "hi", "environment": e} for i, e in enumerate(environments)
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def config_file(folder: Path, **data: Any) -> Path:
+    path = folder / "run.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def refused(code: int, output: str, exception: BaseException | None, starts: list[str]) -> str:
+    """The error line of a run the checks refused: exit 2, nothing started."""
+    assert code == 2 and starts == [] and not isinstance(exception, Started), output
+    return one_error_line(output)
+
+
+Run = Callable[..., subprocess.CompletedProcess]
+
+
+def process_runner(folder: Path, prefix: list[str]) -> Run:
+    """Runs the real ``rayrollout collect ARGS`` (after ``prefix``), without ``RAY_ADDRESS``
+    or ``OPENAI_API_KEY``, with Ray's temporary folder at ``folder/ray-tmp``: a Ray that
+    started would have made it."""
+
+    def run(*args: Any) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "OPENAI_API_KEY")}
+        env.update(HOME=str(folder), RAY_TMPDIR=str(folder / "ray-tmp"))
+        command = [*prefix, str(RAYROLLOUT), "collect", *(str(a) for a in args)]
+        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+
+    return run
+
+
+@pytest.fixture
+def real_cli(tmp_path: Path) -> tuple[Path, Run]:
+    """A folder and the real ``rayrollout`` run as this user (``process_runner``)."""
+    return tmp_path, process_runner(tmp_path, [])
+
+
+@pytest.fixture
+def other_user(tmp_path: Path) -> Iterator[tuple[Path, Run]]:
+    """A folder and the real ``rayrollout`` run as a user that file modes bind: this one,
+    unless it is root (root reads and writes whatever the mode says); then ``nobody``
+    through ``setpriv``, in a folder that user can reach."""
+    if os.geteuid() != 0:
+        yield tmp_path, process_runner(tmp_path, [])
+        return
+    if not shutil.which("setpriv"):
+        pytest.skip("root ignores file modes, and setpriv is missing to drop to nobody")
+    folder = Path(tempfile.mkdtemp(prefix="rr-preflight-"))
+    folder.chmod(0o777)
+    try:
+        yield (
+            folder,
+            process_runner(folder, ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]),
+        )
+    finally:
+        shutil.rmtree(folder)  # root removes whatever the modes say
+
+
+def refused_in_a_process(run: subprocess.CompletedProcess, folder: Path) -> str:
+    """The error line of a real ``rayrollout`` the checks refused: exit 2, Ray never started."""
+    assert run.returncode == 2, run.stderr
+    assert not (folder / "ray-tmp").exists(), "Ray started"
+    return one_error_line(run.stderr)
+
+
+# The tasks path.
+
+
+def test_a_directory_as_tasks_file_is_one_line_naming_the_files_in_it(tmp_path, starts):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    tasks_file(folder, "weather")
+    line = refused(*collect(folder, "--out", tmp_path / "out"), starts)
+    assert f"tasks file {folder} is a directory" in line
+    assert "pass one JSONL or Parquet file (it holds tasks.jsonl)" in line
+
+
+def test_a_tasks_file_without_rows_is_one_notice_and_exit_0(tmp_path, starts):
+    for text in ("", "\n  \n\n"):
+        tasks = tmp_path / "empty.jsonl"
+        tasks.write_text(text)
+        code, output, exception = collect(tasks, "--out", tmp_path / "out")
+        assert code == 0 and exception is None, output
+        assert output.strip().splitlines() == [
+            f"nothing to run: {tasks} has no tasks (not one row); nothing was started and no "
+            "output folder was made"
+        ]
+        assert starts == [] and not (tmp_path / "out").exists()
+
+
+def test_the_real_command_on_a_file_without_rows_starts_no_ray(real_cli):
+    folder, run = real_cli
+    tasks = folder / "empty.jsonl"
+    tasks.write_text("")
+    completed = run(tasks, "--out", folder / "out")
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stderr.startswith(f"nothing to run: {tasks} has no tasks"), completed.stderr
+    assert not (folder / "ray-tmp").exists() and not (folder / "out").exists()
+
+
+def test_python_collect_of_a_file_without_rows_starts_nothing(tmp_path, starts):
+    tasks = tmp_path / "empty.jsonl"
+    tasks.write_text("")
+    engine = RolloutEngine({"output": {"dir": str(tmp_path / "out")}})
+    result = engine.collect(tasks)
+    assert result.summary.rows_written == 0 and result.trajectories() == []
+    assert starts == [] and engine.engine is None and not (tmp_path / "out").exists()
+
+
+# The output folder.
+
+
+def test_an_output_folder_that_is_a_file_is_refused(tmp_path, starts):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    tasks = tasks_file(tmp_path, "weather")
+    line = refused(*collect(tasks, "--out", blocker), starts)
+    assert f"output folder {blocker} is a file, not a folder: pass another --out" in line
+    line = refused(*collect(tasks, "--out", blocker / "deeper" / "out"), starts)
+    assert f"cannot create output folder {blocker / 'deeper' / 'out'}: {blocker} is a file" in line
+
+
+def test_an_output_folder_that_cannot_be_written_or_made_is_refused(other_user):
+    folder, run = other_user
+    tasks = tasks_file(folder, "weather")
+    locked = folder / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    line = refused_in_a_process(run(tasks, "--out", locked), folder)
+    assert f"output folder {locked} is not writable (Permission denied)" in line
+    assert "pass another --out" in line
+    line = refused_in_a_process(run(tasks, "--out", locked / "run1"), folder)
+    assert f"cannot create output folder {locked / 'run1'}: {locked} refuses a new folder" in line
+    assert list(locked.iterdir()) == []  # the checks left nothing behind
+
+
+def test_an_unreadable_tasks_file_is_refused(other_user):
+    folder, run = other_user
+    tasks = tasks_file(folder, "weather")
+    tasks.chmod(0o000)
+    line = refused_in_a_process(run(tasks, "--out", folder / "out"), folder)
+    assert f"cannot read tasks file {tasks}: Permission denied" in line
+    assert not (folder / "out").exists()
+
+
+# Environment names.
+
+
+def test_an_unknown_env_flag_is_refused_even_when_every_row_names_its_own(tmp_path, starts):
+    tasks = tasks_file(tmp_path, "weather", "weather")
+    config = config_file(tmp_path, environments={"echo": {"path": "fixture_envs:EchoEnv"}})
+    args = (tasks, "--env", "atlantis", "--out", tmp_path / "out", "--config", config)
+    line = refused(*collect(*args), starts)
+    assert "unknown environment 'atlantis' in --env" in line
+    known = line.split("Known environments: ")[1].split(" (")[0].split(", ")
+    assert {"weather", "math", "echo"} <= set(known)  # the registry's and the config's
+    assert "atlantis" not in known
+
+
+def test_rows_naming_an_unknown_environment_list_the_known_ones(tmp_path, starts):
+    tasks = tasks_file(tmp_path, "weather", "atlantis")
+    code, output, exception = collect(tasks, "--out", tmp_path / "out")
+    assert "1 invalid row(s)" in refused(code, output, exception, starts)
+    assert "tasks.jsonl line 2, field 'environment': unknown environment 'atlantis'" in output
+    assert "Known environments: " in output and "weather" in output.split("Known")[1]
+    assert not (tmp_path / "out").exists()
+
+
+# An external policy: its key and one probe of its endpoint.
+
+
+class Endpoint:
+    """A tiny OpenAI-ish server on 127.0.0.1: ``GET /v1/models`` answers ``status`` with
+    ``models`` listed; records each request's path and Authorization header."""
+
+    def __init__(self, status: int = 200, models: tuple[str, ...] = ()) -> None:
+        self.requests: list[tuple[str, str | None]] = []
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (the http.server name)
+                endpoint.requests.append((self.path, self.headers.get("Authorization")))
+                answer, body = endpoint.answer(self.path)
+                data = json.dumps(body).encode()
+                self.send_response(answer)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.status, self.models = status, models
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def answer(self, path: str) -> tuple[int, dict[str, Any]]:
+        if path != "/v1/models":
+            return 404, {"error": {"message": "no such route"}}
+        if self.status != 200:
+            return self.status, {"error": {"message": "invalid key"}}
+        return 200, {"object": "list", "data": [{"id": m} for m in self.models]}
+
+    def __enter__(self) -> Endpoint:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def external(tmp_path: Path, base_url: str, *flags: Any, model: str = "m1") -> tuple:
+    tasks = tasks_file(tmp_path, "weather")
+    return (tasks, "--out", tmp_path / "out", "--base-url", base_url, "--model", model, *flags)
+
+
+def test_no_key_names_the_variable_to_set_and_how_to_say_none_is_needed(
+    tmp_path, starts, monkeypatch
+):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with Endpoint(models=("m1",)) as endpoint:
+        line = refused(*collect(*external(tmp_path, endpoint.base_url)), starts)
+        assert f"no API key for the policy at {endpoint.base_url}: set OPENAI_API_KEY" in line
+        assert "OPENAI_API_KEY=EMPTY" in line and 'policy.api_key_env: ""' in line
+        config = config_file(tmp_path, policy={"api_key_env": "MY_ENDPOINT_KEY"})
+        line = refused(*collect(*external(tmp_path, endpoint.base_url, "--config", config)), starts)
+        assert "set MY_ENDPOINT_KEY" in line
+        assert endpoint.requests == []  # refused before the probe
+
+
+def test_an_endpoint_that_needs_no_key_says_so_with_an_empty_api_key_env(
+    tmp_path, starts, monkeypatch
+):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    config = config_file(tmp_path, policy={"api_key_env": ""})
+    with Endpoint(models=("m1", "m2")) as endpoint:
+        code, output, exception = collect(
+            *external(tmp_path, endpoint.base_url, "--config", config)
+        )
+    assert isinstance(exception, Started), output  # every check passed: the run starts
+    assert endpoint.requests == [("/v1/models", None)]  # probed once, no key sent
+
+
+def test_nothing_listening_is_refused_before_ray_starts(real_cli):
+    folder, run = real_cli
+    base_url = f"http://127.0.0.1:{free_port()}/v1"  # bound once, closed: nothing listens
+    tasks = tasks_file(folder, "weather")
+    config = config_file(folder, policy={"api_key_env": ""})  # no key, none needed
+    completed = run(tasks, "--out", folder / "out", "--base-url", base_url, "--config", config)
+    line = refused_in_a_process(completed, folder)
+    assert f"the policy endpoint {base_url} does not answer" in line
+    assert "Connection refused" in line and "pass the right --base-url" in line
+    assert not (folder / "out").exists()
+
+
+def test_a_key_the_endpoint_refuses_is_refused_without_showing_the_key(
+    tmp_path, starts, monkeypatch
+):
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    for status in (401, 403):
+        with Endpoint(status=status) as endpoint:
+            code, output, exception = collect(*external(tmp_path, endpoint.base_url))
+        line = refused(code, output, exception, starts)
+        assert f"the policy endpoint {endpoint.base_url} refused the API key" in line
+        assert f"in OPENAI_API_KEY (HTTP {status} on GET /models)" in line
+        assert endpoint.requests == [("/v1/models", f"Bearer {KEY}")]
+        assert KEY not in output
+
+
+def test_a_model_the_endpoint_does_not_list_is_refused_naming_those_it_does(
+    tmp_path, starts, monkeypatch
+):
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    with Endpoint(models=("qwen-7b", "llama-8b")) as endpoint:
+        line = refused(*collect(*external(tmp_path, endpoint.base_url, model="gpt-x")), starts)
+        assert f"model 'gpt-x' is not served at {endpoint.base_url}" in line
+        assert "(GET /models lists qwen-7b, llama-8b): pass --model with one of them" in line
+        code, output, exception = collect(*external(tmp_path, endpoint.base_url, model="qwen-7b"))
+        assert isinstance(exception, Started), output
+    assert starts == [str(tmp_path / "out")]
+
+
+def test_an_endpoint_without_a_models_route_is_let_through(tmp_path, starts, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    with Endpoint(models=("m1",)) as endpoint:  # answers 404 anywhere but /v1/models
+        code, output, exception = collect(*external(tmp_path, f"{endpoint.base_url}/x"))
+    assert isinstance(exception, Started), output
+    assert endpoint.requests == [("/v1/x/models", f"Bearer {KEY}")]
+
+
+def test_python_collect_probes_the_endpoint_and_needs_a_key_only_if_it_is_refused(
+    tmp_path, starts, monkeypatch
+):
+    from rayrollout.api.preflight import PolicyCheckError
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    tasks = tasks_file(tmp_path, "weather")
+    for status, outcome in ((401, PolicyCheckError), (200, Started)):
+        with Endpoint(status=status, models=("m1",)) as endpoint:
+            policy = {"kind": "openai", "base_url": endpoint.base_url, "model": "m1"}
+            engine = RolloutEngine({"policy": policy, "output": {"dir": str(tmp_path / "out")}})
+            with pytest.raises(outcome) as caught:
+                engine.collect(tasks)
+        if outcome is PolicyCheckError:
+            assert "needs an API key (HTTP 401 on GET /models, none was sent): set " in str(
+                caught.value
+            )
+            assert "OPENAI_API_KEY" in str(caught.value) and starts == []
+    assert len(starts) == 1  # the keyless server that answered: the run starts
