@@ -282,9 +282,15 @@ def test_vllm_backend_without_control_endpoints_says_how_to_deploy_them(trainer,
 
     from rayrollout.deployments.vllm.kind import VllmWeights
 
+    from rayrollout.auth import read_token_file
+    from rayrollout.engine.secret_env import route_token_path
     from rayrollout.engine.weights import WeightUpdateError
 
-    backend = VllmWeights(f"http://127.0.0.1:{serve_session}/training/policy/v1", "m")
+    url = f"http://127.0.0.1:{serve_session}/training/policy/v1"
+    with pytest.raises(WeightUpdateError, match="HTTP 401"):  # the run's routes want its token
+        asyncio.run(VllmWeights(url, "m").pause("wait"))
+    # The token file the run wrote for people calling its routes by hand.
+    backend = VllmWeights(url, "m", read_token_file(route_token_path("training")))
     with pytest.raises(WeightUpdateError, match="control_endpoints: true"):
         asyncio.run(backend.pause("wait"))
 
