@@ -1,19 +1,41 @@
 """Engine overhead: rayrollout against a bare asyncio + aiohttp loop making the same calls.
 
-Both drive the same zero-latency OpenAI-protocol stub (its own process) through single-tool
-weather episodes (model call -> get_weather -> model call -> verifier). The bare loop runs
-everything in one process with no Ray, no validation and no output; the engine runs its
-agents, environments and writer (Parquet). Reported: episodes/s of each, their ratio, and CPU
-milliseconds per episode summed over every process of the run (the stub included in both).
+Both play the same NeMo Gym rows (``responses_create_params`` with the prompt and the
+``get_weather`` tool) as single-tool weather episodes against the same zero-latency
+OpenAI-protocol stub (its own process): chat -> get_weather -> chat -> verify. The bare loop
+is one process with no Ray, no validation and no output; the engine runs its agents,
+environments and writer (Parquet).
+
+The bare loop makes exactly the engine's calls, request by request, because a floor that
+does less (or more) than the engine measures that difference instead of the engine: the
+policy's pool of its own with the engine's headers (``Authorization``, ``x-session-id``)
+and body (``tools``, ``tool_choice``, messages as the engine renders them, orjson); for the
+``url`` mode also ``/seed_session`` with the whole row, ``/get_weather`` with the parsed
+arguments as JSON, ``/verify`` with the row and the whole Responses-API ``response``,
+``/close_session`` with the 0.7.0 body, each episode on its own ``ClientSession`` and cookie
+jar over one shared connector, as ``RemoteSession`` does.
 
 Hosting modes: ``inline`` (the environment in the agents), ``serve`` (Serve replicas, called
-by deployment handles), ``serve-stateful`` (the same with per-episode state,
-``stateful_weather.py``: a session per episode pinned to one replica, so no call batching)
-and ``remote`` (a NeMo Gym resources server by URL: a plain aiohttp server in its own
-process, ``nemo_gym_server.py``). For ``remote`` the bare loop makes the
-same HTTP calls to the same server (seed, tool, verify, close), and the ratio is to that.
+by deployment handles), ``serve-stateful`` (per-episode state, ``stateful_weather.py``: a
+session per episode pinned to one replica) and ``url`` (a NeMo Gym resources server by URL,
+``nemo_gym_server.py``, a plain aiohttp process). Every Serve or inline mode is compared with
+the bare loop that runs the tool in-process; ``url`` with the bare loop calling the same
+server.
 
-    python benchmarks/overhead.py                 # full run (about 2.5 minutes here)
+Two ratios per mode, engine episodes/s over the bare loop's:
+
+* ``steady``: each side's rate in its steady middle part, read from the episodes' own end
+  times: the 10th to the 90th percentile of finishes, 0.8 N episodes over the time between
+  them, so start-up, ramp-up and the tail are out of both.
+* ``whole``: N episodes over the whole command: for the engine from ``RolloutEngine(config)``
+  to the end of its ``with`` block (agents started, Serve app deployed where the mode needs
+  one, every episode collected and written, shut down; the local Ray is already up, as an
+  attached cluster would be); for the bare loop from starting its process to its exit.
+
+The engine's rows also say where its episode time went (model, tools, verify, other: the
+rest, session set-up and close included), set beside the bare loop's own per-call times.
+
+    python benchmarks/overhead.py                 # full run (20,000 rows, 256 in flight; 5-7 min)
     python benchmarks/overhead.py --smoke         # seconds; CI checks it still works
 """
 
@@ -21,10 +43,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -50,129 +75,271 @@ HOSTING_CONFIGS = {
         {"path": "stateful_weather:StatefulWeather", "hosting": "serve"},
     ),
 }
+STEADY = (0.1, 0.9)  # the share of finishes that bounds the steady part
+ENV_TIMEOUT_S = 60.0  # EnvironmentConfig's default timeout_s: the engine's per-request limit
+
+
+def task_rows(episodes: int, environment: str = "weather") -> list[dict[str, Any]]:
+    """The NeMo Gym rows both sides play: the prompt and the tool in ``responses_create_params``.
+
+    A row without tools would leave a URL environment with none (a resources server
+    publishes no schemas), so the model would answer at once: two calls fewer per episode.
+    """
+    from rayrollout.environments.weather.env import WeatherEnv
+
+    from rayrollout.data.convert import chat_tools_to_responses
+
+    tools = chat_tools_to_responses(WeatherEnv.tool_schemas())
+    return [
+        {
+            "task_id": f"w{i}",
+            "environment": environment,
+            "responses_create_params": {
+                "input": [{"role": "user", "content": PROMPT.format(i=i)}],
+                "tools": tools,
+            },
+        }
+        for i in range(episodes)
+    ]
+
+
+def steady_rate(finished: list[float]) -> float:
+    """Episodes/s between the ``STEADY`` percentiles of the finish times."""
+    ends = sorted(finished)
+    low, high = (round(share * (len(ends) - 1)) for share in STEADY)
+    span = ends[high] - ends[low]
+    return (high - low) / span if span > 0 else float("nan")
 
 
 async def bare_loop(
     base_url: str, episodes: int, concurrency: int, env_url: str | None = None
-) -> None:
-    """The floor: the same HTTP calls and tool/verifier work, nothing else.
+) -> dict[str, Any]:
+    """The floor: the engine's HTTP calls and tool/verifier work, nothing else.
 
-    With ``env_url`` the tool and the verifier are a NeMo Gym resources server's routes.
+    With ``env_url`` the episode is a NeMo Gym resources server's: seed, tool, verify and
+    close go to its routes. Returns the episodes' finish times and mean per-call seconds.
     """
     import aiohttp
+    import orjson
     from rayrollout.environments.weather.env import WeatherEnv
 
-    from rayrollout.data.convert import chat_tools_to_responses
     from rayrollout.data.schema import FunctionCall, Message, Task, ToolCall
     from rayrollout.environment import Episode
 
-    tools = WeatherEnv.tool_schemas()
-    response_tools = chat_tools_to_responses(tools)
+    rows = task_rows(episodes)
+    # The row's tools in chat form, as the engine's task reading turns them.
+    tools = [
+        {"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}
+        for t in rows[0]["responses_create_params"]["tools"]
+    ]
     semaphore = asyncio.Semaphore(concurrency)
     url = f"{base_url}/chat/completions"
+    policy_headers = {"Authorization": "Bearer not-needed", "Content-Type": "application/json"}
+    finished: list[float] = []
+    seconds = {"model": 0.0, "tools": 0.0, "verify": 0.0, "setup_close": 0.0, "total": 0.0}
 
     async def ask_policy(
-        session: aiohttp.ClientSession, messages: list[dict[str, Any]]
+        policy: aiohttp.ClientSession, messages: list[dict[str, Any]], episode_id: str
     ) -> dict[str, Any]:
-        """One model call of either kind of episode; its message joins ``messages``."""
-        async with session.post(
-            url, json={"model": "stub", "messages": messages, "tools": tools}
+        """One model call, its body and headers as ``PolicyClient._chat`` sends them."""
+        started = time.perf_counter()
+        body = {"model": "stub", "messages": messages, "tools": tools, "tool_choice": "auto"}
+        async with policy.post(
+            url, data=orjson.dumps(body), headers={"x-session-id": episode_id}
         ) as response:
-            body = await response.json()
-        message = body["choices"][0]["message"]
+            answer = orjson.loads(await response.read())
+        reply = answer["choices"][0]["message"]
+        # The engine keeps its own Message and renders it without empty fields.
+        message = {k: v for k, v in reply.items() if v is not None}
         messages.append(message)
+        seconds["model"] += time.perf_counter() - started
         return message
 
-    async def remote_episode(session: aiohttp.ClientSession, i: int) -> float:
-        async with semaphore:
-            prompt = {"role": "user", "content": PROMPT.format(i=i)}
-            params = {"input": [prompt], "tools": response_tools}
-            async with session.post(
-                f"{env_url}/seed_session", json={"responses_create_params": params}
-            ) as response:
-                cookie = {"Cookie": f"session={response.cookies['session'].value}"}
-            messages: list[dict[str, Any]] = [prompt]
+    async def remote_episode(
+        policy: aiohttp.ClientSession, pool: aiohttp.TCPConnector, row: dict[str, Any]
+    ) -> float:
+        episode_id = f"{row['task_id']}:0:{uuid.uuid4().hex[:8]}"
+        rollout = episode_id.replace(":", "_")
+        params = row["responses_create_params"]
+        seed = {"responses_create_params": params, "task_id": row["task_id"]}
+        seed["environment"] = row["environment"]
+        began = time.perf_counter()
+        async with aiohttp.ClientSession(
+            connector=pool,
+            connector_owner=False,
+            cookie_jar=aiohttp.CookieJar(unsafe=True),
+            timeout=aiohttp.ClientTimeout(total=ENV_TIMEOUT_S),
+        ) as env:
+            async with env.post(f"{env_url}/seed_session", json=seed) as response:
+                await response.text()
+            seconds["setup_close"] += time.perf_counter() - began
+            messages: list[dict[str, Any]] = [dict(params["input"][0])]
             output: list[dict[str, Any]] = []
-            for _ in range(3):
-                message = await ask_policy(session, messages)
+            for turn in range(3):
+                message = await ask_policy(policy, messages, episode_id)
                 if not message.get("tool_calls"):
                     output.append(
                         {
                             "type": "message",
+                            "id": f"msg_{len(messages) - 2}",
                             "role": "assistant",
-                            "content": [{"type": "output_text", "text": message["content"]}],
+                            "status": "completed",
+                            "content": [
+                                {
+                                    "type": "output_text",
+                                    "text": message["content"],
+                                    "annotations": [],
+                                }
+                            ],
                         }
                     )
                     break
-                for call in message["tool_calls"]:
+                for k, call in enumerate(message["tool_calls"]):
+                    started = time.perf_counter()
                     name, arguments = call["function"]["name"], call["function"]["arguments"]
-                    async with session.post(
-                        f"{env_url}/{name}", data=arguments, headers=cookie
+                    async with env.post(
+                        f"{env_url}/{name}", json=json.loads(arguments)
                     ) as response:
                         result = await response.text()
-                    messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+                    seconds["tools"] += time.perf_counter() - started
+                    messages.append(
+                        {
+                            "role": "tool",
+                            "content": result,
+                            "tool_call_id": call["id"],
+                            "name": name,
+                        }
+                    )
                     output.append(
                         {
                             "type": "function_call",
+                            "id": f"fc_{turn}_{k}",
                             "call_id": call["id"],
                             "name": name,
                             "arguments": arguments,
+                            "status": "completed",
                         }
                     )
                     output.append(
-                        {"type": "function_call_output", "call_id": call["id"], "output": result}
+                        {
+                            "type": "function_call_output",
+                            "id": f"fco_{len(messages) - 2}",
+                            "call_id": call["id"],
+                            "output": result,
+                            "status": "completed",
+                        }
                     )
-            verify_body = {"responses_create_params": params, "response": {"output": output}}
-            async with session.post(
-                f"{env_url}/verify", json=verify_body, headers=cookie
+            started = time.perf_counter()
+            response_body = {
+                "id": f"resp_{uuid.uuid4().hex}",
+                "object": "response",
+                "created_at": time.time(),
+                "model": "",
+                "status": "completed",
+                "output": output,
+                "parallel_tool_calls": True,
+                "tool_choice": "auto",
+                "tools": params["tools"],
+            }
+            async with env.post(
+                f"{env_url}/verify", json={**seed, "response": response_body}
             ) as response:
-                reward = (await response.json())["reward"]
-            async with session.post(f"{env_url}/close_session", json={}, headers=cookie):
-                pass
+                reward = float(json.loads(await response.text())["reward"])
+            closing = time.perf_counter()
+            seconds["verify"] += closing - started
+            close = {"resources_session_id": rollout, "episode_id": {"rollout_id": rollout}}
+            close["episode_id"]["attempt"] = 0
+            async with env.post(f"{env_url}/close_session", json=close) as response:
+                await response.text()
+        seconds["setup_close"] += time.perf_counter() - closing
+        return reward
+
+    async def inline_episode(
+        policy: aiohttp.ClientSession, pool: aiohttp.TCPConnector, row: dict[str, Any]
+    ) -> float:
+        episode_id = f"{row['task_id']}:0:{uuid.uuid4().hex[:8]}"
+        prompt = row["responses_create_params"]["input"][0]["content"]
+        messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+        task = Task(
+            task_id=row["task_id"],
+            environment="weather",
+            prompt=[Message(role="user", content=prompt)],
+            tools=tools,
+        )
+        env = WeatherEnv(task)
+        await env.setup()
+        for _ in range(3):
+            message = await ask_policy(policy, messages, episode_id)
+            if not message.get("tool_calls"):
+                break
+            for call in message["tool_calls"]:
+                started = time.perf_counter()
+                name = call["function"]["name"]
+                result = await env.call_tool(name, call["function"]["arguments"])
+                seconds["tools"] += time.perf_counter() - started
+                messages.append(
+                    {
+                        "role": "tool",
+                        "content": result.content,
+                        "tool_call_id": call["id"],
+                        "name": name,
+                    }
+                )
+        started = time.perf_counter()
+        calls = [
+            ToolCall(id=c["id"], function=FunctionCall(**c["function"]))
+            for m in messages
+            for c in m.get("tool_calls") or []
+        ]
+        verdict = await env.verify(
+            Episode(
+                task=task,
+                messages=[
+                    Message(role="user", content=prompt),
+                    Message(role="assistant", tool_calls=calls or None),
+                    Message(role="assistant", content=messages[-1].get("content")),
+                ],
+            )
+        )
+        seconds["verify"] += time.perf_counter() - started
+        await env.close()
+        return verdict.reward
+
+    async def play(
+        policy: aiohttp.ClientSession, pool: aiohttp.TCPConnector, row: dict[str, Any]
+    ) -> float:
+        async with semaphore:
+            began = time.perf_counter()
+            episode = remote_episode if env_url else inline_episode
+            reward = await episode(policy, pool, row)
+            seconds["total"] += time.perf_counter() - began
+            finished.append(time.time())
             return reward
 
-    async def episode(session: aiohttp.ClientSession, i: int) -> float:
-        async with semaphore:
-            messages: list[dict[str, Any]] = [{"role": "user", "content": PROMPT.format(i=i)}]
-            task = Task(
-                task_id=str(i),
-                environment="weather",
-                prompt=[Message(role="user", content=messages[0]["content"])],
-            )
-            env = WeatherEnv(task)
-            for _ in range(3):
-                message = await ask_policy(session, messages)
-                if not message.get("tool_calls"):
-                    break
-                for call in message["tool_calls"]:
-                    result = await env.call_tool(
-                        call["function"]["name"], call["function"]["arguments"]
-                    )
-                    messages.append(
-                        {"role": "tool", "tool_call_id": call["id"], "content": result.content}
-                    )
-            calls = [
-                ToolCall(id=c["id"], function=FunctionCall(**c["function"]))
-                for m in messages
-                for c in m.get("tool_calls") or []
-            ]
-            verdict = await env.verify(
-                Episode(
-                    task=task,
-                    messages=[
-                        Message(role="user", content=messages[0]["content"]),
-                        Message(role="assistant", tool_calls=calls or None),
-                        Message(role="assistant", content=messages[-1].get("content")),
-                    ],
-                )
-            )
-            return verdict.reward
-
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        play = remote_episode if env_url else episode
-        rewards = await asyncio.gather(*(play(session, i) for i in range(episodes)))
+    # Two pools, as in an agent: the policy's (PolicyHttp) and the environments' (one
+    # NemoGymConnections per agent, its sessions made per episode).
+    pool = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+    policy = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=1000, limit_per_host=0),
+        headers=policy_headers,
+        timeout=aiohttp.ClientTimeout(total=120),
+    )
+    async with policy:
+        rewards = await asyncio.gather(*(play(policy, pool, row) for row in rows))
+    await pool.close()
     assert sum(rewards) == episodes, "bare loop episodes failed"
+    return {
+        "finished": finished,
+        "seconds_per_episode": {k: v / episodes for k, v in seconds.items()},
+    }
+
+
+def bare_main(base_url: str, episodes: int, concurrency: int, env_url: str | None) -> None:
+    """The bare loop's own process (``--bare``): prints its finish times, calls and CPU."""
+    result = asyncio.run(bare_loop(base_url, episodes, concurrency, env_url))
+    times = os.times()
+    result["cpu_s"] = times.user + times.system
+    print(json.dumps(result))
 
 
 def run_bare(
@@ -181,18 +348,23 @@ def run_bare(
     episodes: int,
     concurrency: int,
     env_url: str | None = None,
-) -> dict[str, float]:
-    warm_up = bare_loop(base_url, min(200, episodes), concurrency, env_url)
-    asyncio.run(warm_up)  # connections, imports: not timed
-    cpu0 = time.process_time() + sum(tree_cpu_seconds(pid) for pid in server_pids)
+) -> dict[str, Any]:
+    """The bare loop in a fresh process, timed from its start to its exit."""
+    command = [sys.executable, os.path.abspath(__file__), "--bare", base_url]
+    command += ["--episodes", str(episodes), "--concurrency", str(concurrency)]
+    command += ["--env-url", env_url] if env_url else []
+    servers0 = sum(tree_cpu_seconds(pid) for pid in server_pids)
     start = time.perf_counter()
-    asyncio.run(bare_loop(base_url, episodes, concurrency, env_url))
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
     wall = time.perf_counter() - start
-    cpu = time.process_time() + sum(tree_cpu_seconds(pid) for pid in server_pids) - cpu0
+    servers = sum(tree_cpu_seconds(pid) for pid in server_pids) - servers0
+    result = json.loads(done.stdout)
     return {
-        "episodes_per_s": episodes / wall,
-        "cpu_ms_per_episode": 1000 * cpu / episodes,
+        "steady_episodes_per_s": steady_rate(result["finished"]),
+        "whole_episodes_per_s": episodes / wall,
         "seconds": wall,
+        "cpu_ms_per_episode": 1000 * (result["cpu_s"] + servers) / episodes,
+        "seconds_per_episode": {k: round(v, 5) for k, v in result["seconds_per_episode"].items()},
     }
 
 
@@ -204,13 +376,13 @@ def run_engine(
     hosting: str,
     num_agents: int,
     env_url: str | None = None,
-) -> dict[str, float]:
-    import pandas as pd
-
+) -> dict[str, Any]:
+    """One engine from construction to shutdown, playing every row once."""
     from rayrollout import RolloutEngine
+    from rayrollout.data.episode_table import load_episodes
 
     out = tempfile.mkdtemp(prefix=f"overhead-{hosting}-")
-    if hosting == "remote":
+    if hosting == "url":
         env_name, settings = "weather", {"url": env_url}
     else:
         env_name, settings = HOSTING_CONFIGS.get(hosting, ("weather", {"hosting": hosting}))
@@ -223,31 +395,46 @@ def run_engine(
         "output": {"dir": out, "rows_per_part": 5000},
         "ray": {"num_cpus": 4},
     }
-    tasks = [
-        {"task_id": f"w{i}", "prompt": PROMPT.format(i=i), "environment": env_name}
-        for i in range(episodes)
-    ]
-    warm_up = [{**t, "task_id": f"warm-{t['task_id']}"} for t in tasks[: min(200, episodes)]]
+    tasks = task_rows(episodes, env_name)
+    root = os.getpid()
+    roles0 = cpu_by_role([root, *server_pids])
+    cpu0 = tree_cpu_seconds(root) + sum(tree_cpu_seconds(pid) for pid in server_pids)
+    start = time.perf_counter()
     with RolloutEngine(config) as engine:
         engine.start()
-        engine.collect(warm_up)  # worker processes, connections, the Serve app: not timed
-        root = os.getpid()
-        roles0 = cpu_by_role([root, *server_pids])
-        cpu0 = tree_cpu_seconds(root) + sum(tree_cpu_seconds(pid) for pid in server_pids)
-        start = time.perf_counter()
-        result = engine.collect(tasks)
-        wall = time.perf_counter() - start
+        started, collect_at = time.perf_counter(), time.time()
+        engine.collect(tasks)
+        collected, collect_end = time.perf_counter(), time.time()
+        # Measured before the actors exit: a dead process's CPU is no longer in /proc.
         cpu = tree_cpu_seconds(root) + sum(tree_cpu_seconds(pid) for pid in server_pids) - cpu0
         by_role = cpu_ms_per_episode(roles0, cpu_by_role([root, *server_pids]), episodes)
-    frame = pd.read_parquet([str(p) for p in result.parts], columns=["task_id", "status"])
+    ended = time.perf_counter()
+    wall = ended - start
+    frame = load_episodes(out)
     assert len(frame) == episodes and (frame["status"] == "ok").all(), frame[
         "status"
     ].value_counts()
+    assert (frame["reward"] == 1.0).all(), "episodes not played to a correct answer"
+    assert (frame["m_tool_calls"] == 1).all(), "episodes without their tool call"
+    parts = {k: frame[f"m_seconds_{k}"].mean() for k in ("model", "tools", "verify", "total")}
+    parts["other"] = parts["total"] - parts["model"] - parts["tools"] - parts["verify"]
     return {
-        "episodes_per_s": episodes / wall,
+        "steady_episodes_per_s": steady_rate(frame["finished_at"].tolist()),
+        "whole_episodes_per_s": episodes / wall,
+        "seconds": wall,
+        "seconds_start": started - start,
+        "seconds_collect": collected - started,
+        "seconds_shutdown": ended - collected,
+        # The collect's time outside its episodes: rows read and checked, an app deployed,
+        # the last parts written.
+        "seconds_collect_before_first_episode": frame["started_at"].min() - collect_at,
+        "seconds_collect_after_last_episode": collect_end - frame["finished_at"].max(),
         "cpu_ms_per_episode": 1000 * cpu / episodes,
         "cpu_ms_per_episode_by_process": by_role,
-        "seconds": wall,
+        "seconds_per_episode": {k: round(v, 5) for k, v in parts.items()},
+        "share_of_episode_time": {
+            k: round(parts[k] / parts["total"], 3) for k in ("model", "tools", "verify", "other")
+        },
     }
 
 
@@ -255,18 +442,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--episodes", type=int, default=10000)
+    parser.add_argument("--episodes", type=int, default=20000)
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--agents", type=int, default=2)
     parser.add_argument(
         "--modes",
-        default="inline,serve,serve-stateful,remote",
-        help="environment hosting modes to run",
+        default="inline,serve,url",
+        help="environment hosting modes to run (also: serve-stateful)",
     )
     parser.add_argument(
         "--smoke", action="store_true", help="tiny run to check the benchmark works"
     )
+    parser.add_argument("--bare", metavar="POLICY_URL", help=argparse.SUPPRESS)
+    parser.add_argument("--env-url", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.bare:
+        bare_main(args.bare, args.episodes, args.concurrency, args.env_url)
+        return
     keep_stdout_for_json()
     if args.smoke:
         args.episodes, args.concurrency = 100, 32
@@ -280,24 +472,32 @@ def main() -> None:
         "concurrency": args.concurrency,
         "agents": args.agents,
         "machine": f"{os.cpu_count()} cores",
+        "load_average_before": [round(x, 2) for x in os.getloadavg()],
+        "steady": f"episodes/s between the {STEADY[0]:.0%} and {STEADY[1]:.0%} finishes",
+        "whole": "engine: RolloutEngine construction to shutdown; bare loop: process start to exit",
     }
     try:
         with stub_policy() as (url, stub_pid), nemo_gym_weather() as (env_url, env_pid):
             n, c = args.episodes, args.concurrency
-            results["bare_loop"] = run_bare(url, [stub_pid], n, c)
             for mode in args.modes.split(","):
-                if mode == "remote":
-                    bare = results["bare_loop_remote"] = run_bare(
-                        url, [stub_pid, env_pid], n, c, env_url
-                    )
-                    pids = [stub_pid, env_pid]
+                if mode == "url":
+                    key, pids, env = "bare_loop_url", [stub_pid, env_pid], env_url
                 else:
-                    bare, pids = results["bare_loop"], [stub_pid]
+                    key, pids, env = "bare_loop_inline", [stub_pid], None
+                if key not in results:
+                    results[key] = run_bare(url, pids, n, c, env)
+                bare = results[key]
                 engine = run_engine(url, pids, n, c, mode, args.agents, env_url)
-                engine["ratio_to_bare"] = engine["episodes_per_s"] / bare["episodes_per_s"]
+                engine["ratio_steady"] = round(
+                    engine["steady_episodes_per_s"] / bare["steady_episodes_per_s"], 3
+                )
+                engine["ratio_whole"] = round(
+                    engine["whole_episodes_per_s"] / bare["whole_episodes_per_s"], 3
+                )
                 results[f"engine_{mode}"] = engine
     finally:
         stop_ray()
+    results["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     emit(results)
 
 

@@ -26,6 +26,7 @@ raises ``InvalidTaskError`` naming the file, the line and the field.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Iterator
@@ -229,6 +230,22 @@ def parse_task_row(
         raise fail(field, f"{message} (got {short(first.get('input'))})") from None
 
 
+@functools.lru_cache(maxsize=4096)
+def _schema_problem(params_json: str) -> str | None:
+    """Why a tool's parameters are not a JSON Schema (None: they are), by their JSON text.
+
+    Checking a schema costs about 0.74 ms (jsonschema's meta-schema validation), which made
+    reading 20,000 NeMo Gym rows take 15 s before the first episode; a dataset's rows share
+    a handful of tool sets, so each distinct schema is checked once.
+    """
+    params = json.loads(params_json)
+    try:
+        jsonschema.validators.validator_for(params).check_schema(params)
+    except jsonschema.SchemaError as exc:
+        return exc.message
+    return None
+
+
 def _chat_tools(tools: Any, fail: Fail) -> list[dict[str, Any]]:
     """Tool schemas in Chat Completions form, accepting the Responses-API form too."""
     if not isinstance(tools, list):
@@ -243,12 +260,9 @@ def _chat_tools(tools: Any, fail: Fail) -> list[dict[str, Any]]:
         params = function.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, dict):
             raise fail(f"tools[{i}].parameters", "must be a JSON Schema object")
-        try:
-            jsonschema.validators.validator_for(params).check_schema(params)
-        except jsonschema.SchemaError as exc:
-            raise fail(
-                f"tools[{i}].parameters", f"not a valid JSON Schema: {short(exc.message)}"
-            ) from None
+        problem = _schema_problem(json.dumps(params, sort_keys=True, default=str))
+        if problem is not None:
+            raise fail(f"tools[{i}].parameters", f"not a valid JSON Schema: {short(problem)}")
         chat = {
             "name": function["name"],
             "description": function.get("description", ""),
