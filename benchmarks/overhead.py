@@ -1,5 +1,8 @@
 """Engine overhead: rayrollout against a bare asyncio + aiohttp loop making the same calls.
 
+(Over 400 lines for one job: the bare loop must mirror the engine's calls one by one for
+each hosting mode, and both sides are measured in one file so the ratios come from one run.)
+
 Both play the same NeMo Gym rows (``responses_create_params`` with the prompt and the
 ``get_weather`` tool) as single-tool weather episodes against the same zero-latency
 OpenAI-protocol stub (its own process): chat -> get_weather -> chat -> verify. The bare loop

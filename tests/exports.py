@@ -58,8 +58,9 @@ def render(messages, tools, add_generation_prompt=False):
     )
 
 
-def write_parts(directory, trajectories, fmt="jsonl", rows_per_part=3):
-    sink = make_sink(directory, fmt, "r")
+def write_parts(directory, trajectories, fmt="jsonl", rows_per_part=3, run_id="r"):
+    """The trajectories as parts of run ``run_id``, through the real sink and part writer."""
+    sink = make_sink(directory, fmt, run_id)
     sink.start()
     writer = PartWriter(sink, rows_per_part, 60)
     for table in writer.add([t.to_row() for t in trajectories]) + writer.drain():

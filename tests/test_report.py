@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from html.parser import HTMLParser
 
 import pytest
+from exports import write_parts
 from typer.testing import CliRunner
 
 from rayrollout.cli.commands import app
@@ -24,7 +25,6 @@ from rayrollout.cli.report_figures import STATUS_COLOURS
 from rayrollout.data.episode_table import EmptyRunError, load_episodes
 from rayrollout.data.run_summary import segment_labels, summarize
 from rayrollout.data.schema import EpisodeMetrics, Trajectory
-from rayrollout.data.writer import PartWriter, make_sink
 from rayrollout.engine.stats import RunStats
 
 T0 = 1_700_000_000.0
@@ -104,14 +104,8 @@ def second_call(after):
 
 
 def write(directory, fmt, run_id, trajectories, rows_per_part=10):
-    """The trajectories as parts of run ``run_id``, through the real sink and part writer."""
-    sink = make_sink(directory, fmt, run_id)
-    sink.start()
-    writer = PartWriter(sink, rows_per_part, 60)
-    for table in writer.add([t.to_row() for t in trajectories]) + writer.drain():
-        writer.write(table)
-    sink.complete()
-    return directory
+    """The trajectories as parts of run ``run_id`` (``exports.write_parts``)."""
+    return write_parts(directory, trajectories, fmt, rows_per_part, run_id)
 
 
 def end_of(trajectories):

@@ -229,7 +229,7 @@ def check_output_folder(config: RunConfig) -> None:
 def external_policy(config: RunConfig) -> bool:
     """Whether the run uses a policy server it does not deploy (kind ``openai``: a kind
     without a Serve app). An unknown kind raises ``UnknownPolicyKindError`` here, early."""
-    return policy_kind(config.policy.kind).build_app is None
+    return not policy_kind(config.policy.kind).deployed
 
 
 def check_policy_key(config: RunConfig, require_key: bool) -> str | None:

@@ -4,6 +4,11 @@ It brings up Ray, Serve, the policy and the named engine actor, feeds episodes t
 in batches (waiting when the engine's queue is full), and reports progress while it waits.
 ``collect`` reads and checks its tasks through ``api.collect``, the one path the command
 line takes too; ``rayrollout up`` is ``start(detached=True)``.
+
+One job, the driver's side of a run, which is why it is over 400 lines: starting or attaching
+to the engine, feeding it, and turning its failures into one error each belong together.
+Planning a collect (``api.collect``) and the checks before start (``api.preflight``) live
+apart already.
 """
 
 from __future__ import annotations

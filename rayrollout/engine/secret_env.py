@@ -109,7 +109,7 @@ def policy_key(config: RunConfig) -> SecretStr | None:
 def agents_policy_key(config: RunConfig, route_token: SecretStr) -> SecretStr | None:
     """The key the agents send to the policy: the run's route token when rayrollout deploys
     the policy (its routes take only that), else the driver's key for the external server."""
-    if policy_kind(config.policy.kind).build_app is not None:
+    if policy_kind(config.policy.kind).deployed:
         return route_token
     return policy_key(config)
 

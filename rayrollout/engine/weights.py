@@ -39,7 +39,7 @@ class WeightSync:
         self.agents = agents
         kind = policy_kind(config.policy.kind)
         # A deployed policy's routes take the run's token; an external one is not ours.
-        token = route_token if kind.build_app is not None else None
+        token = route_token if kind.deployed else None
         self.backend: WeightBackend = kind.weight_backend(config, policy_url, token)
         self.version = 0
         self.paused = False

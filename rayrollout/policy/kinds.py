@@ -85,6 +85,12 @@ class PolicyKind:
     """The backend for the run's config, the policy's base URL and the bearer token its
     routes take (None for an external server: its key is the agents' business)."""
 
+    @property
+    def deployed(self) -> bool:
+        """Whether rayrollout runs this kind on Serve (its routes take the run's token), as
+        opposed to an external server at ``policy.base_url``."""
+        return self.build_app is not None
+
 
 class FixedWeights(ABC):
     """A backend with nothing to pause or resume (only the version moves); subclasses say
