@@ -28,12 +28,13 @@ RANKS = {
     "data": 1,
     "environment": 2,
     "policy": 2,
-    "engine": 3,
-    "api": 4,
-    "cli": 5,
+    "agent": 3,
+    "engine": 4,
+    "api": 5,
+    "cli": 6,
 }
-PLUGINS = ("environments", "deployments")  # repo folders installed under rayrollout.*
-PLUGIN_MAY_IMPORT = {"errors", "auth", "data", "environment", "policy"}
+PLUGINS = ("environments", "deployments", "agents")  # repo folders installed as rayrollout.*
+PLUGIN_MAY_IMPORT = {"errors", "auth", "data", "environment", "policy", "agent"}
 
 
 def _part(module: str) -> str | None:

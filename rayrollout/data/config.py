@@ -23,6 +23,8 @@ from rayrollout.errors import InputError
 
 __all__ = [
     "AgentConfig",
+    "AgentSettings",
+    "DEFAULT_AGENT",
     "DEFAULT_SESSION_IDLE_TIMEOUT_S",
     "ConfigError",
     "EnvironmentAutoscaling",
@@ -133,6 +135,22 @@ class PolicyConfig(_Config):
         return self
 
 
+DEFAULT_AGENT = "tool_loop"
+"""The agent of tasks and runs that name none: the built-in tool loop."""
+
+
+class AgentSettings(_Config):
+    """One agent (episode loop) as a run's config names it: ``agent_settings: {NAME: ...}``."""
+
+    path: str | None = Field(
+        default=None,
+        description="'module:Class' of the agent, for a name no package registers.",
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of the agent's constructor."
+    )
+
+
 class AgentConfig(_Config):
     """The agent pool and the limits of one episode."""
 
@@ -141,6 +159,12 @@ class AgentConfig(_Config):
     max_turns: int = Field(default=8, ge=1, description="Model calls per episode at most.")
     tool_timeout_s: float = Field(default=30.0, gt=0, description="Timeout of one tool call.")
     verify_timeout_s: float = Field(default=60.0, gt=0, description="Timeout of the verifier.")
+    episode_timeout_s: float = Field(
+        default=1800.0,
+        gt=0,
+        description="Wall time an agent may take to play one episode (its model and tool "
+        "calls included); past it the episode ends 'timeout' naming the agent.",
+    )
     restart_deadline_s: float = Field(
         default=600.0,
         gt=0,
@@ -272,6 +296,13 @@ class RunConfig(_Config):
     environment: str | None = Field(
         default=None, description="Environment for task rows that name none."
     )
+    agent: str | None = Field(
+        default=None,
+        description="Agent (episode loop) for task rows that name none; None: 'tool_loop'.",
+    )
+    agent_settings: dict[str, AgentSettings] = Field(
+        default_factory=dict, description="Per-agent settings (path, args), by agent name."
+    )
     num_repeats: int = Field(default=1, ge=1, description="Samples per task.")
     concurrency: int = Field(default=256, ge=1, description="Episodes in flight at most.")
     limit: int | None = Field(default=None, ge=1, description="Read at most this many tasks.")
@@ -296,6 +327,14 @@ class RunConfig(_Config):
     def environment_config(self, name: str) -> EnvironmentConfig:
         """Settings of one environment (defaults when the config names it not)."""
         return self.environments.get(name) or EnvironmentConfig()
+
+    def agent_of(self, task_agent: str | None) -> str:
+        """The agent that plays a task: its own, else the run's, else the built-in loop."""
+        return task_agent or self.agent or DEFAULT_AGENT
+
+    def agent_config(self, name: str) -> AgentSettings:
+        """Settings of one agent (defaults when the config names it not)."""
+        return self.agent_settings.get(name) or AgentSettings()
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

@@ -149,6 +149,12 @@ class Task(_Model):
         description="Verifier fields (expected answer, test cases) and any other extra columns.",
     )
     sampling: SamplingParams | None = Field(default=None, description="Sampling overrides.")
+    agent: str | None = Field(
+        default=None,
+        max_length=MAX_ID_LENGTH,
+        description="Registered agent that plays this task ('module:Class' works too); None: "
+        "the run's --agent (default 'tool_loop').",
+    )
 
     @field_validator("task_id", "environment")
     @classmethod
@@ -156,6 +162,11 @@ class Task(_Model):
         # A NUL or newline in an id breaks file names, logs and the policy server's headers
         # far from here; refused where the row is read, naming the field.
         return _no_control_characters(value, info.field_name or "id")
+
+    @field_validator("agent")
+    @classmethod
+    def _printable_agent(cls, value: str | None) -> str | None:
+        return None if value is None else _no_control_characters(value, "agent")
 
     @field_validator("prompt")
     @classmethod
@@ -197,12 +208,44 @@ class Turn(_Model):
         description="Policy weights version the call was sent under (rows written before "
         "the field existed read as 0).",
     )
+    speaker: str = Field(
+        default="policy",
+        description="Who the model played in this call: 'policy' (trained on), or another role "
+        "an agent gave it (e.g. 'user', a simulated user): a trainer keeps only 'policy' turns.",
+    )
+    extends_previous: bool = Field(
+        default=False,
+        description="This call's prompt is the previous call's (same speaker) prompt + its "
+        "completion + new messages: one token sequence with it. False starts a new sequence "
+        "(the first call, or an agent that trimmed or rewrote the history).",
+    )
+    sent_messages: list[Message] | None = Field(
+        default=None,
+        description="The messages this call sent, when they are not the first "
+        "'prompt_message_count' messages of the trajectory (an agent that trimmed, summarized "
+        "or played another role).",
+    )
+    prompt_message_count: int = Field(
+        default=0,
+        description="How many of the trajectory's messages this call sent, when it sent a "
+        "prefix of them (sent_messages is None); 0 when sent_messages holds them.",
+    )
 
-    @field_validator("policy_version", mode="before")
+    @field_validator("policy_version", "prompt_message_count", mode="before")
     @classmethod
-    def _missing_version_is_zero(cls, value: Any) -> Any:
+    def _missing_int_is_zero(cls, value: Any) -> Any:
         # Parquet parts written before the field existed read back with nulls here.
         return 0 if value is None else value
+
+    @field_validator("speaker", mode="before")
+    @classmethod
+    def _missing_speaker_is_policy(cls, value: Any) -> Any:
+        return "policy" if value is None else value
+
+    @field_validator("extends_previous", mode="before")
+    @classmethod
+    def _missing_extends_is_false(cls, value: Any) -> Any:
+        return False if value is None else value
 
 
 class TimelineEvent(_Model):
@@ -254,6 +297,11 @@ class Trajectory(_Model):
     group_id: str = Field(description="Samples of one task share it: a GRPO group.")
     environment: str
     agent: str = Field(default="", description="Name of the agent actor that ran the episode.")
+    played_by: str = Field(
+        default="",
+        description="Registered name of the agent (the episode's loop) that played it, e.g. "
+        "'tool_loop'; '' in rows written before agents were pluggable.",
+    )
     model: str = Field(default="", description="Policy model name.")
     policy_version: int = Field(
         default=0,
@@ -281,6 +329,12 @@ class Trajectory(_Model):
         default_factory=dict, description="The task's verifier fields, for exports and debugging."
     )
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+
+    @field_validator("played_by", mode="before")
+    @classmethod
+    def _missing_agent_is_blank(cls, value: Any) -> Any:
+        # Parquet parts written before the field existed read back with nulls here.
+        return "" if value is None else value
 
     def to_row(self) -> dict[str, Any]:
         """The row written to Parquet and JSONL: JSON columns as text, the rest as is."""

@@ -61,7 +61,7 @@ __all__ = [
     "read_tasks",
 ]
 
-_OWN_KEYS = {"task_id", "environment", "prompt", "tools", "sampling"}
+_OWN_KEYS = {"task_id", "environment", "prompt", "tools", "sampling", "agent"}
 MAX_ROW_BYTES = 16 * 1024 * 1024
 """The largest task row (a JSONL line) read; a larger one is a row error."""
 MAX_DEPTH = 64

@@ -18,6 +18,9 @@ import ray
 from pydantic import SecretStr
 from ray import serve
 
+from rayrollout.agent import Agent
+from rayrollout.agent.episode import GatewayOpener
+from rayrollout.agent.registry import agent_spec
 from rayrollout.data.config import RunConfig
 from rayrollout.engine.chunks import ChunkRows
 from rayrollout.engine.episode import EpisodeSpec, failed_trajectory, run_episode
@@ -67,6 +70,16 @@ class AgentRunner:
         self.env_classes: dict[str, type[Environment]] = {}  # by registered name, once loaded
         self.batchers: dict[str, BatchingHandle] = {}
         self.remote = NemoGymConnections()
+        self.agents: dict[str, Agent] = {}  # by registered name, built once per actor
+        self.gateway: GatewayOpener | None = None  # the recording gateway, opened on demand
+
+    def _agent(self, name: str) -> Agent:
+        """The agent ``name`` (the task's, the run's or the built-in loop), built once."""
+        agent = self.agents.get(name)
+        if agent is None:
+            agent = agent_spec(name, self.config.agent_config(name)).create()
+            self.agents[name] = agent
+        return agent
 
     def _env_class(self, name: str) -> type[Environment]:
         """The class of environment ``name`` (the task's name, which picks its settings too);
@@ -106,6 +119,12 @@ class AgentRunner:
         """One episode; played again from the start (a new episode id) when its environment
         replica died under it or the policy moved on more than ``max_staleness`` versions,
         up to ``_EPISODE_ATTEMPTS`` times. Only the last try is kept."""
+        played_by = self.config.agent_of(spec.task.agent)
+        try:
+            agent = self._agent(played_by)
+        except Exception as exc:  # unknown agent, args that do not fit: the episode fails
+            error = f"agent '{played_by}' unavailable: {exc}"
+            return failed_trajectory(spec, self.name, error, played_by).to_row()
         for attempt in range(1, _EPISODE_ATTEMPTS + 1):
             episode_id = spec.new_episode_id()
             try:
@@ -113,9 +132,18 @@ class AgentRunner:
                 session = self._session(env_cls, spec.task.environment, spec, episode_id)
             except Exception as exc:  # unknown env, Serve app not up: the episode fails
                 error = f"environment unavailable: {exc}"
-                return failed_trajectory(spec, self.name, error).to_row()
+                return failed_trajectory(spec, self.name, error, played_by).to_row()
             trajectory = await run_episode(
-                spec, env_cls, session, self.policy, self.config.agents, self.name, episode_id
+                spec,
+                env_cls,
+                session,
+                self.policy,
+                self.config.agents,
+                self.name,
+                episode_id,
+                agent,
+                played_by,
+                self.gateway,
             )
             trajectory.policy_version = (
                 trajectory.turns[0].policy_version if trajectory.turns else self.gate.version

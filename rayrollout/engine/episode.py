@@ -1,8 +1,11 @@
-"""The episode loop: model -> tool calls -> model -> ... -> verifier, as one coroutine.
+"""One episode: the environment session around an agent's ``play``, then the verifier.
 
-Everything that can go wrong inside an episode ends here as the trajectory's ``status`` and
-``error``; nothing escapes to fail the run. Mistakes of the model (unknown tool, bad JSON
-arguments) are answered to the model as tool errors and the episode goes on.
+The agent (``rayrollout.agent``; the built-in tool loop by default) decides the loop; this
+module owns what is the engine's: the session's setup and close, the episode's time limit,
+and the mapping of everything that can go wrong (the agent's own faults included) to the
+trajectory's ``status`` and ``error``; nothing escapes to fail the run. Mistakes of the
+model (unknown tool, bad JSON arguments) are answered to the model as tool errors and the
+episode goes on.
 """
 
 from __future__ import annotations
@@ -11,25 +14,20 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Literal
 
-from rayrollout.data.config import AgentConfig
-from rayrollout.data.schema import (
-    EpisodeMetrics,
-    Message,
-    Status,
-    Task,
-    TimelineEvent,
-    Trajectory,
-    Turn,
-)
-from rayrollout.environment import Environment, Episode
-from rayrollout.environment.sessions import EnvironmentSetupFailed, EnvSession
-from rayrollout.policy.client import PolicyError, PolicyTimeout
+from rayrollout.agent import POLICY, Agent, AgentEpisode, EpisodeEnd, OutOfTurns
+from rayrollout.agent.episode import GatewayOpener
+from rayrollout.agent.registry import agent_spec
+from rayrollout.data.config import DEFAULT_AGENT, AgentConfig
+from rayrollout.data.schema import Task, Trajectory
+from rayrollout.environment import Environment, Verification
+from rayrollout.environment.sessions import EnvSession
 from rayrollout.policy.protocol import Policy
-from rayrollout.policy.tokens import first_mismatch
 
 __all__ = ["EpisodeSpec", "run_episode"]
+
+# The built-in loop, for callers that name no agent (tests, benchmarks of the bare loop).
+_TOOL_LOOP: Agent = agent_spec(DEFAULT_AGENT).create()
 
 
 @dataclass
@@ -49,12 +47,6 @@ class EpisodeSpec:
         return f"{self.task.task_id}:{self.sample_index}:{uuid.uuid4().hex[:8]}"
 
 
-class _EpisodeEnd(Exception):
-    def __init__(self, status: Status, error: str) -> None:
-        super().__init__(error)
-        self.status, self.error = status, error
-
-
 async def run_episode(
     spec: EpisodeSpec,
     env_cls: type[Environment],
@@ -63,18 +55,22 @@ async def run_episode(
     config: AgentConfig,
     agent_name: str = "",
     episode_id: str | None = None,
+    agent: Agent | None = None,
+    played_by: str = DEFAULT_AGENT,
+    gateway: GatewayOpener | None = None,
 ) -> Trajectory:
-    """Play one episode to the end and return its trajectory, whatever happens."""
+    """Have ``agent`` (default: the built-in tool loop) play one episode to the end and
+    return its trajectory, whatever happens."""
     task = spec.task
     started = time.perf_counter()
     tools = task.tools if task.tools is not None else env_cls.tool_schemas()
-    messages: list[Message] = list(task.prompt)
     trajectory = Trajectory(
         task_id=task.task_id,
         sample_index=spec.sample_index,
         group_id=task.task_id,
         environment=task.environment,
         agent=agent_name,
+        played_by=played_by,
         model=policy.config.model,
         tools=tools,
         task_fields=task.fields,
@@ -83,20 +79,26 @@ async def run_episode(
     metrics.started_at = time.time()
     if spec.queued_at:
         metrics.seconds_queued = max(0.0, metrics.started_at - spec.queued_at)
-    episode_id = episode_id or spec.new_episode_id()
+    episode = AgentEpisode(
+        task,
+        tools,
+        session,
+        policy,
+        config,
+        trajectory,
+        episode_id or spec.new_episode_id(),
+        gateway,
+    )
     is_set_up = False
     try:
         await session.setup()
         is_set_up = True
-        answered = await _play(
-            task, tools, messages, trajectory, session, policy, config, episode_id
-        )
-        if not answered:
-            trajectory.status = "max_turns"
-        elif trajectory.turns and trajectory.turns[-1].finish_reason == "length":
-            trajectory.status = "truncated"
-        await _verify(task, messages, trajectory, session, config)
-    except _EpisodeEnd as end:
+        verdict = await _play(agent or _TOOL_LOOP, played_by, episode, config)
+        if verdict is None:
+            verdict = await episode.verify()
+        trajectory.reward = verdict.reward
+        trajectory.verification = verdict.details
+    except EpisodeEnd as end:
         trajectory.status, trajectory.error = end.status, end.error
     except Exception as exc:  # an environment bug must not end the run: record it
         where = "setting up the environment" if not is_set_up else "the episode"
@@ -110,149 +112,47 @@ async def run_episode(
             # would not close is the server's leak, not a wrong reward, so it is recorded and
             # counted beside the status instead of replacing it.
             trajectory.close_error = f"{type(exc).__name__}: {exc}"
-    trajectory.messages = messages
+    trajectory.messages = episode.messages
     metrics.seconds_total = time.perf_counter() - started
     return trajectory
 
 
 async def _play(
-    task: Task,
-    tools: list[dict],
-    messages: list[Message],
-    trajectory: Trajectory,
-    session: EnvSession,
-    policy: Policy,
-    config: AgentConfig,
-    episode_id: str,
-) -> bool:
-    """Alternate model calls and tool calls; returns whether the model gave a final answer."""
-    metrics = trajectory.metrics
-    for turn_index in range(config.max_turns):
-        try:
-            reply = await policy.complete(
-                messages,
-                tools,
-                task.sampling,
-                session_id=episode_id,
-                history=trajectory.turns,
-                last_turn=turn_index == config.max_turns - 1,
-            )
-        except PolicyTimeout as exc:
-            raise _EpisodeEnd("timeout", str(exc)) from None
-        except PolicyError as exc:
-            raise _EpisodeEnd("error", str(exc)) from None
-        _check_tokens(trajectory, reply.turn)
-        messages.append(reply.message)
-        trajectory.turns.append(reply.turn)
-        _mark(metrics, "model", "", reply.turn.started_at, reply.turn.seconds)
-        metrics.turns += 1
-        metrics.tokens_in += reply.turn.prompt_tokens
-        metrics.tokens_out += reply.turn.completion_tokens
-        metrics.seconds_model += reply.turn.seconds
-        if not reply.message.tool_calls:
-            return True
-        for call in reply.message.tool_calls:
-            name = call.function.name
-            tool_started = time.perf_counter()
-            tool_started_at = time.time()
-            try:
-                result = await asyncio.wait_for(
-                    session.call_tool(name, call.function.arguments), config.tool_timeout_s
-                )
-            except TimeoutError:
-                raise _EpisodeEnd(
-                    "timeout", f"tool '{name}' did not answer within {config.tool_timeout_s}s"
-                ) from None
-            except EnvironmentSetupFailed as exc:  # a Serve session opens with its first call
-                raise _EpisodeEnd("error", f"setting up the environment failed: {exc}") from None
-            except Exception as exc:
-                raise _EpisodeEnd(
-                    "error", f"tool '{name}' failed: {type(exc).__name__}: {exc}"
-                ) from None
-            finally:
-                metrics.seconds_tools += time.perf_counter() - tool_started
-            _mark(
-                metrics,
-                "tool",
-                name,
-                tool_started_at,
-                time.time() - tool_started_at,
-                ok=not result.is_error,
-            )
-            metrics.tool_calls += 1
-            metrics.tool_errors += result.is_error
-            if name not in metrics.tools_used:
-                metrics.tools_used.append(name)
-            messages.append(
-                Message(role="tool", tool_call_id=call.id, name=name, content=result.content)
-            )
-    return False
-
-
-def _mark(
-    metrics: EpisodeMetrics,
-    kind: Literal["model", "tool", "verify"],
-    name: str,
-    started_at: float,
-    seconds: float,
-    ok: bool = True,
-) -> None:
-    """Add a step to the episode's timeline (offsets from the episode's start)."""
-    metrics.timeline.append(
-        TimelineEvent(
-            kind=kind, name=name, start_s=started_at - metrics.started_at, seconds=seconds, ok=ok
-        )
-    )
-
-
-def _check_tokens(trajectory: Trajectory, turn: Turn) -> None:
-    """Record whether this turn's prompt ids extend the previous prompt + completion ids."""
-    if not trajectory.turns or not turn.prompt_token_ids:
-        return
-    previous = trajectory.turns[-1]
-    if not previous.prompt_token_ids:
-        return
-    at = first_mismatch(
-        previous.prompt_token_ids + previous.completion_token_ids, turn.prompt_token_ids
-    )
-    if at is None:
-        return
-    turn.token_mismatch_index = at
-    metrics = trajectory.metrics
-    metrics.token_mismatches += 1
-    if metrics.token_mismatch_turn is None:
-        metrics.token_mismatch_turn, metrics.token_mismatch_index = len(trajectory.turns), at
-
-
-async def _verify(
-    task: Task,
-    messages: list[Message],
-    trajectory: Trajectory,
-    session: EnvSession,
-    config: AgentConfig,
-) -> None:
-    verify_started = time.perf_counter()
-    verify_started_at = time.time()
+    agent: Agent, played_by: str, episode: AgentEpisode, config: AgentConfig
+) -> Verification | None:
+    """The agent's ``play``, its faults as the episode's status; sets ``max_turns`` and
+    ``truncated`` (the verifier still runs for both) and returns the agent's own verdict."""
+    trajectory = episode.trajectory
     try:
-        verification = await asyncio.wait_for(
-            session.verify(Episode(task=task, messages=messages)), config.verify_timeout_s
-        )
+        verdict = await asyncio.wait_for(agent.play(episode), config.episode_timeout_s)
+    except OutOfTurns:
+        trajectory.status = "max_turns"
+        return None
+    except EpisodeEnd:
+        raise
     except TimeoutError:
-        raise _EpisodeEnd(
-            "timeout", f"verifier did not answer within {config.verify_timeout_s}s"
+        raise EpisodeEnd(
+            "timeout", f"agent '{played_by}' did not finish within {config.episode_timeout_s}s"
         ) from None
-    except EnvironmentSetupFailed as exc:
-        raise _EpisodeEnd("error", f"setting up the environment failed: {exc}") from None
     except Exception as exc:
-        raise _EpisodeEnd("error", f"verifier failed: {type(exc).__name__}: {exc}") from None
-    finally:
-        trajectory.metrics.seconds_verify = time.perf_counter() - verify_started
-    _mark(trajectory.metrics, "verify", "", verify_started_at, trajectory.metrics.seconds_verify)
-    trajectory.reward = verification.reward
-    trajectory.verification = verification.details
+        raise EpisodeEnd(
+            "error", f"agent '{played_by}' failed: {type(exc).__name__}: {exc}"
+        ) from None
+    if verdict is not None and not isinstance(verdict, Verification):
+        raise EpisodeEnd(
+            "error",
+            f"agent '{played_by}' returned {type(verdict).__name__}; play() returns None or "
+            "a Verification",
+        )
+    policy_turns = [t for t in trajectory.turns if t.speaker == POLICY]
+    if policy_turns and policy_turns[-1].finish_reason == "length":
+        trajectory.status = "truncated"
+    return verdict
 
 
-def failed_trajectory(spec: EpisodeSpec, agent_name: str, error: str) -> Trajectory:
+def failed_trajectory(
+    spec: EpisodeSpec, agent_name: str, error: str, played_by: str = ""
+) -> Trajectory:
     """The row of an episode that could not even start."""
     task = spec.task
     return Trajectory(
@@ -261,6 +161,7 @@ def failed_trajectory(spec: EpisodeSpec, agent_name: str, error: str) -> Traject
         group_id=task.task_id,
         environment=task.environment,
         agent=agent_name,
+        played_by=played_by,
         messages=list(task.prompt),
         status="error",
         error=error,
