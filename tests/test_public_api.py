@@ -50,8 +50,9 @@ def every_exception_class() -> list[type[BaseException]]:
     return found
 
 
-# Control flow inside one function, never raised past it: not an error a caller sees.
-NOT_ERRORS = {"rayrollout.engine.episode._EpisodeEnd"}
+# Control flow between an agent and the engine, never raised past the episode: the engine
+# turns them into the trajectory's status; not errors a caller sees.
+NOT_ERRORS = {"rayrollout.agent.contract.EpisodeEnd", "rayrollout.agent.contract.OutOfTurns"}
 
 
 def test_every_exception_joins_the_tree_under_one_boundary():
