@@ -60,7 +60,8 @@ def render_trajectory(trajectory: Trajectory, console: Console) -> None:
     header.add_row("task", f"{trajectory.task_id}  sample {trajectory.sample_index}")
     header.add_row("environment", trajectory.environment)
     header.add_row("model", f"{trajectory.model}  (policy version {trajectory.policy_version})")
-    header.add_row("agent", trajectory.agent or "-")
+    played = trajectory.played_by or "-"
+    header.add_row("agent", f"{played}  (on {trajectory.agent})" if trajectory.agent else played)
     header.add_row("status", Text(trajectory.status, style=status_style))
     header.add_row("reward", f"{trajectory.reward:.3f}")
     if trajectory.error:
@@ -113,6 +114,9 @@ def render_trajectory(trajectory: Trajectory, console: Console) -> None:
     if trajectory.turns:
         turns = Table(
             "turn",
+            "speaker",
+            "sent",
+            "extends",
             "finish",
             "prompt ids",
             "completion ids",
@@ -121,8 +125,16 @@ def render_trajectory(trajectory: Trajectory, console: Console) -> None:
             title="model calls",
         )
         for i, turn in enumerate(trajectory.turns):
+            sent = (
+                f"{len(turn.sent_messages)} own"
+                if turn.sent_messages is not None
+                else f"first {turn.prompt_message_count}"
+            )
             turns.add_row(
                 str(i),
+                turn.speaker,
+                sent,
+                "yes" if turn.extends_previous else "no",
                 turn.finish_reason or "-",
                 str(len(turn.prompt_token_ids)),
                 str(len(turn.completion_token_ids)),
