@@ -246,6 +246,80 @@ def test_rows_naming_an_unknown_environment_list_the_known_ones(tmp_path, starts
     assert not (tmp_path / "out").exists()
 
 
+# Agent names.
+
+
+def agent_rows(folder: Path, *agents: str | None) -> Path:
+    """Weather rows, the i-th naming ``agents[i]`` (None: no agent field)."""
+    path = folder / "tasks.jsonl"
+    rows = [
+        {"task_id": f"t{i}", "prompt": "hi", "environment": "weather"} | ({"agent": a} if a else {})
+        for i, a in enumerate(agents)
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def test_an_unknown_agent_flag_is_refused_even_when_every_row_names_its_own(tmp_path, starts):
+    tasks = agent_rows(tmp_path, "tool_loop", "tool_loop")
+    config = config_file(tmp_path, agent_settings={"once": {"path": "fixture_agents:answer_once"}})
+    args = (tasks, "--agent", "nope", "--out", tmp_path / "out", "--config", config)
+    line = refused(*collect(*args), starts)
+    assert "unknown agent 'nope' in --agent (the config's 'agent')" in line
+    known = line.split("Known agents: ")[1].split(" (")[0].split(", ")
+    assert {"tool_loop", "once"} <= set(known)  # the registry's and the config's
+    assert "to add one, register it under the 'rayrollout.agents' entry point" in line
+
+
+def test_rows_naming_an_unknown_agent_are_one_line_naming_them(tmp_path, starts):
+    tasks = agent_rows(tmp_path, None, "nope", "nope", "tool_loop")
+    for flags in ((), ("--skip-invalid",)):  # a missing agent is the run's, not a row's
+        line = refused(*collect(tasks, "--out", tmp_path / "out", *flags), starts)
+        assert (
+            "unknown agent 'nope' in the 'agent' field of 2 row(s) of tasks.jsonl "
+            "(first: task_id 't1')"
+        ) in line
+        assert "Known agents: " in line and "tool_loop" in line.split("Known agents: ")[1]
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_agent_path_that_does_not_import_is_refused_naming_it(tmp_path, starts):
+    tasks = agent_rows(tmp_path, "no_such_module:Agent")
+    line = refused(*collect(tasks, "--out", tmp_path / "out"), starts)
+    assert "agent 'no_such_module:Agent' in the 'agent' field of 1 row(s)" in line
+    assert "cannot import agent 'no_such_module:Agent': No module named" in line
+    line = refused(*collect(tasks, "--agent", "fixture_envs:EchoEnv"), starts)
+    assert "'fixture_envs:EchoEnv' is not a subclass of rayrollout.agent.Agent" in line
+
+
+def test_known_agents_by_name_config_or_path_are_let_through(tmp_path, starts):
+    tasks = agent_rows(tmp_path, "tool_loop", "once", "fixture_agents:Raises", None)
+    config = config_file(tmp_path, agent_settings={"once": {"path": "fixture_agents:answer_once"}})
+    code, output, exception = collect(
+        tasks, "--agent", "once", "--out", tmp_path / "out", "--config", config
+    )
+    assert isinstance(exception, Started), output
+
+
+def test_python_collect_of_a_file_checks_its_agents_and_rows_in_memory_do_not(tmp_path, starts):
+    from rayrollout.agent.registry import UnknownAgentError
+
+    engine = RolloutEngine({"output": {"dir": str(tmp_path / "out")}})
+    with pytest.raises(UnknownAgentError, match="unknown agent 'nope' in the 'agent' field"):
+        engine.collect(agent_rows(tmp_path, "nope"))
+    assert starts == []
+    with pytest.raises(Started):  # in memory: the row's own episode will fail, not the run
+        engine.collect([{"prompt": "hi", "environment": "weather", "agent": "nope"}])
+
+
+def test_the_real_command_refuses_an_unknown_agent_before_ray_starts(real_cli):
+    folder, run = real_cli
+    tasks = agent_rows(folder, None)
+    line = refused_in_a_process(run(tasks, "--agent", "nope", "--out", folder / "out"), folder)
+    assert "unknown agent 'nope' in --agent" in line
+    assert not (folder / "out").exists()
+
+
 # An external policy: its key and one probe of its endpoint.
 
 

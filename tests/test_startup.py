@@ -22,7 +22,8 @@ from rayrollout.cli.commands import app
 
 helps = [[], ["collect"], ["demo"], ["up"], ["status"], ["down"], ["show"], ["report"],
          ["export"], ["env"], ["env", "list"], ["env", "test"], ["env", "serve"],
-         ["env", "nemo-gym-config"], ["env", "tasks"]]
+         ["env", "nemo-gym-config"], ["env", "tasks"], ["agent"], ["agent", "list"],
+         ["agent", "test"]]
 for args in helps:
     try:
         app([*args, "--help"], standalone_mode=False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ray import serve
+from rayrollout.deployments.scripted.local import LocalScriptedPolicy
 from rayrollout.deployments.scripted.server import scripted_policy_app
 
 from rayrollout.auth import RouteAuth
@@ -39,4 +40,14 @@ class ScriptedWeights(FixedWeights):
         return {"backend": "scripted", "path": path}
 
 
-SCRIPTED = PolicyKind("scripted", build_scripted_app, lambda config, url, token: ScriptedWeights())
+def local_scripted_policy(config: RunConfig) -> LocalScriptedPolicy:
+    """The scripted policy in this process (``rayrollout agent test``)."""
+    return LocalScriptedPolicy(config.policy)
+
+
+SCRIPTED = PolicyKind(
+    "scripted",
+    build_scripted_app,
+    lambda config, url, token: ScriptedWeights(),
+    local=local_scripted_policy,
+)

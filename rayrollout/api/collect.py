@@ -44,9 +44,11 @@ from pathlib import Path
 from typing import Any, cast
 
 from rayrollout.api.preflight import (
+    check_default_agent,
     check_default_environment,
     check_output_folder,
     check_policy_key,
+    check_task_agents,
     check_tasks_file,
     environment_known,
     external_policy,
@@ -213,15 +215,16 @@ def plan_collect(
     """Read and check a collection's tasks once, before anything starts.
 
     The checks run cheap and local first, the network last (``api.preflight``): the tasks
-    path, ``--env``, the output folder and the policy's key, then the rows, then one probe
-    of an external policy's endpoint, which an empty file never waits for.
+    path, ``--env``, ``--agent``, the output folder and the policy's key, then the rows (and
+    the agents a file's rows name), then one probe of an external policy's endpoint, which
+    an empty file never waits for.
 
     Args:
         source: A tasks file, a list of rows, or an iterator of rows (streamed, not checked
             up front); None takes the config's ``tasks`` file. A ``CollectPlan`` is returned
             as it is (checked when it was made).
-        config: ``environment`` (rows that name none), ``skip_invalid``, ``limit`` and the
-            registered ``environments`` are read from it.
+        config: ``environment`` and ``agent`` (rows that name none), ``skip_invalid``,
+            ``limit``, the registered ``environments`` and ``agent_settings`` are read from it.
         num_repeats: Samples per task (default: the config's).
         before_start: Nothing is started yet: also check the output folder and an external
             policy (``RolloutEngine.collect`` on an engine not yet started, the command line).
@@ -233,6 +236,8 @@ def plan_collect(
         ConfigError: no tasks given, the tasks file is missing, a directory or unreadable
             (``TasksFileError``), or both ``resume`` and ``output.overwrite``.
         UnknownEnvironmentError: ``environment`` (``--env``) names no known environment.
+        UnknownAgentError: ``agent`` (``--agent``), or the ``agent`` of a file's rows, names
+            no known agent (one error for the run, ``skip_invalid`` or not).
         OutputFolderError, PolicyCheckError: ``before_start`` checks (``api.preflight``).
     """
     if isinstance(source, CollectPlan):
@@ -255,6 +260,7 @@ def plan_collect(
     if isinstance(source, (str, Path)):
         source = check_tasks_file(source)  # before the checks that need no rows
     check_default_environment(config)
+    check_default_agent(config)
     key: str | None = None
     if before_start:
         check_output_folder(config)
@@ -281,6 +287,8 @@ def plan_collect(
         rows = ()
     if isinstance(plan.tasks, list):
         plan.tasks = _read_once(rows, plan, config, check)
+        if check is not None:  # a file's rows; in-memory rows' agents fail their episodes
+            check_task_agents(plan.tasks, config, Path(plan.source).name)
     if before_start and not plan.empty and external_policy(config):
         probe_policy(config, key)
     return plan
@@ -312,9 +320,9 @@ def _parsed(
     default_environment: str | None,
     on_invalid: Callable[[InvalidTaskError, str | None], None] | None,
 ) -> Iterator[Task]:
-    """In-memory rows as tasks (row ``i`` is "line" ``i``, from 1). An unknown environment is
-    not checked here: it fails its own episodes, so one row never stops a training loop. A
-    ``task_id`` an earlier row took is refused, as in a file (``UniqueTaskIds``)."""
+    """In-memory rows as tasks (row ``i`` is "line" ``i``, from 1). An unknown environment (or
+    agent) is not checked here: it fails its own episodes, so one row never stops a training
+    loop. A ``task_id`` an earlier row took is refused, as in a file (``UniqueTaskIds``)."""
     unique = UniqueTaskIds()
     for line, row in enumerate(rows, start=1):
         try:

@@ -13,7 +13,10 @@ last, so an empty tasks file never waits on a probe):
 1. the tasks path: it exists, is a file, can be read (``check_tasks_file``);
 2. the environment for rows that name none (``--env``): registered, configured or
    importable (``check_default_environment``); rows naming an unknown one are row errors
-   of the tasks file, to which ``unknown_environments_hint`` adds the known names;
+   of the tasks file, to which ``unknown_environments_hint`` adds the known names; the same
+   for the agent (``--agent``, ``check_default_agent``), and the agents a tasks file's rows
+   name (``check_task_agents``, once the rows are read: one error for the run, not a row
+   error, since a missing agent is a missing install or config entry, never one bad row);
 3. the output folder: a folder, or creatable, and writable, found by making (and removing)
    a hidden temporary entry, since ``os.access`` answers yes to root on any mode
    (``check_output_folder``);
@@ -47,7 +50,10 @@ from typing import Any
 
 import orjson
 
+from rayrollout.agent.registry import ENTRY_POINT_GROUP as AGENT_ENTRY_POINT_GROUP
+from rayrollout.agent.registry import UnknownAgentError, agent_spec, registered_agents
 from rayrollout.data.config import ConfigError, RunConfig
+from rayrollout.data.schema import Task
 from rayrollout.environment.registry import (
     ENTRY_POINT_GROUP,
     UnknownEnvironmentError,
@@ -63,14 +69,19 @@ __all__ = [
     "PolicyCheckError",
     "PreflightError",
     "TasksFileError",
+    "check_agent",
+    "check_default_agent",
     "check_default_environment",
     "check_output_folder",
     "check_policy_key",
+    "check_task_agents",
     "check_tasks_file",
     "environment_known",
     "external_policy",
+    "known_agents",
     "known_environments",
     "probe_policy",
+    "unknown_agents_hint",
     "unknown_environments_hint",
 ]
 
@@ -173,6 +184,75 @@ def check_default_environment(config: RunConfig) -> None:
             f"unknown environment {name!r} in --env (the config's 'environment'): pass a "
             f"known one. {unknown_environments_hint(config)}"
         )
+
+
+# Agent names.
+
+
+def known_agents(config: RunConfig) -> list[str]:
+    """The agent names a run can use by name: registered ones and the config's with a path."""
+    configured = {name for name, s in config.agent_settings.items() if s.path is not None}
+    return sorted(set(registered_agents()) | configured)
+
+
+def unknown_agents_hint(config: RunConfig) -> str:
+    """What to do about an unknown agent name, listing the known ones."""
+    known = ", ".join(known_agents(config)) or "none"
+    return (
+        f"Known agents: {known} (`rayrollout agent list`); to add one, register it under the "
+        f"'{AGENT_ENTRY_POINT_GROUP}' entry point, set agent_settings.NAME.path in the config, "
+        "or name it as 'module:Class'"
+    )
+
+
+def check_agent(name: str, config: RunConfig, where: str) -> None:
+    """Agent ``name`` (named in ``where``) is registered, configured or importable as
+    ``"module:Class"``: its module imports and its target is an agent. Its ``args`` are not
+    tried here (that builds the agent: ``rayrollout agent test`` does).
+
+    Raises:
+        UnknownAgentError: unknown (the message lists the known ones), not importable, or
+            a config path that contradicts its registration.
+    """
+    if name not in known_agents(config) and ":" not in name:
+        raise UnknownAgentError(
+            f"unknown agent {name!r} in {where}: pass a known one. {unknown_agents_hint(config)}"
+        )
+    try:
+        agent_spec(name, config.agent_config(name))
+    except UnknownAgentError as exc:
+        raise UnknownAgentError(f"agent {name!r} in {where}: {exc}") from None
+
+
+def check_default_agent(config: RunConfig) -> None:
+    """The agent for rows that name none (``--agent``) must exist, even when every row
+    names its own, as ``--env`` must.
+
+    Raises:
+        UnknownAgentError: see ``check_agent``.
+    """
+    if config.agent is not None:
+        check_agent(config.agent, config, "--agent (the config's 'agent')")
+
+
+def check_task_agents(tasks: list[Task], config: RunConfig, source: str) -> None:
+    """Every agent the rows of a tasks file name (their ``agent`` field) must exist: a
+    missing one would fail each of its episodes after minutes of start-up.
+
+    Raises:
+        UnknownAgentError: the first unknown one, with how many rows name it and the first
+            of them.
+    """
+    named: dict[str, list[Task]] = {}
+    for task in tasks:
+        if task.agent is not None:
+            named.setdefault(task.agent, []).append(task)
+    for name, rows in named.items():
+        where = (
+            f"the 'agent' field of {len(rows)} row(s) of {source} "
+            f"(first: task_id {rows[0].task_id!r})"
+        )
+        check_agent(name, config, where)
 
 
 # The output folder.

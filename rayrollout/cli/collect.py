@@ -152,6 +152,9 @@ _TASKS = typer.Argument(
 _OUT = typer.Option("--out", "-o", help="Output folder of part files.")
 _FORMAT = typer.Option("--format", help="parquet (default) or jsonl.")
 _ENV = typer.Option("--env", help="Environment for rows that name none.")
+_AGENT = typer.Option(
+    "--agent", help="Agent for rows that name none (default tool_loop; `rayrollout agent list`)."
+)
 _ENV_URL = typer.Option(
     "--env-url",
     help="NAME=URL: use the NeMo Gym resources server at URL as environment NAME "
@@ -200,6 +203,7 @@ _CONFIG_KEYS = {
     "out": "output__dir",
     "fmt": "output__format",
     "env": "environment",
+    "agent": "agent",
     "base_url": "policy__base_url",
     "model": "policy__model",
     "api": "policy__api",
@@ -220,6 +224,7 @@ def collect(
     fmt: Annotated[str | None, _FORMAT] = None,
     env: Annotated[str | None, _ENV] = None,
     env_url: Annotated[list[str] | None, _ENV_URL] = None,
+    agent: Annotated[str | None, _AGENT] = None,
     policy: Annotated[str | None, _POLICY] = None,
     base_url: Annotated[str | None, _BASE_URL] = None,
     policy_config: Annotated[Path | None, _POLICY_CONFIG] = None,
@@ -268,6 +273,10 @@ def demo(
     num_repeats: Annotated[
         int, typer.Option("--num-repeats", "-n", help="Samples per example task.")
     ] = 12,
+    agent: Annotated[
+        str | None,
+        typer.Option("--agent", help="Agent that plays every episode (default tool_loop)."),
+    ] = None,
     config: Annotated[Path | None, _CONFIG] = None,
     verbose: Annotated[bool, _VERBOSE] = False,
 ) -> None:
@@ -278,11 +287,13 @@ def demo(
 
     tasks_file = demo_tasks_file(Path(out).parent / f".{Path(out).name}-tasks.jsonl")
     # The demo's folder is its own: each demo run replaces the last one's parts.
-    flags = {
+    flags: dict[str, Any] = {
         "tasks": str(tasks_file),
         "output": {"dir": out, "overwrite": True},
         "num_repeats": num_repeats,
     }
+    if agent:
+        flags["agent"] = agent
     run_config = load_config(config, flags)
     with routed_logs(console, run_config.output.dir, verbose):
         summary = run_collect(run_config)

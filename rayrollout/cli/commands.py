@@ -2,7 +2,8 @@
 the one place a ``RayrolloutError`` becomes ``error: <message>`` and an exit code.
 
 The commands live by job: ``collect`` (collect, demo), ``cluster_commands`` (up, status,
-down), ``output_commands`` (show, report, export), ``env_commands`` (the ``env`` group).
+down), ``output_commands`` (show, report, export), ``env_commands`` (the ``env`` group),
+``agent_commands`` (the ``agent`` group).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
+from rayrollout.cli.agent_commands import agent_app
 from rayrollout.cli.cluster_commands import down, status, up
 from rayrollout.cli.collect import collect, demo
 from rayrollout.cli.common import fail_with
@@ -43,6 +45,7 @@ app = typer.Typer(
 for command in (collect, up, status, down, demo, show, report, export):
     app.command()(command)
 app.add_typer(env_app, name="env")
+app.add_typer(agent_app, name="agent")
 
 
 def main() -> None:

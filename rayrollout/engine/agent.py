@@ -20,6 +20,7 @@ from ray import serve
 
 from rayrollout.agent import Agent
 from rayrollout.agent.episode import GatewayOpener
+from rayrollout.agent.gateway import Gateway
 from rayrollout.agent.registry import agent_spec
 from rayrollout.data.config import RunConfig
 from rayrollout.engine.chunks import ChunkRows
@@ -71,7 +72,9 @@ class AgentRunner:
         self.batchers: dict[str, BatchingHandle] = {}
         self.remote = NemoGymConnections()
         self.agents: dict[str, Agent] = {}  # by registered name, built once per actor
-        self.gateway: GatewayOpener | None = None  # the recording gateway, opened on demand
+        # The recording gateway of programs that call the model themselves (the program
+        # agent): one server per actor, bound only when an episode first opens it.
+        self.gateway: GatewayOpener | None = Gateway()
 
     def _agent(self, name: str) -> Agent:
         """The agent ``name`` (the task's, the run's or the built-in loop), built once."""

@@ -46,7 +46,7 @@ from rayrollout.policy.tokens import (
 if TYPE_CHECKING:  # the gate imports this module's errors and reply
     from rayrollout.policy.gate import PolicyGate
 
-__all__ = ["PolicyClient", "PolicyError", "PolicyReply", "PolicyTimeout"]
+__all__ = ["PolicyClient", "PolicyError", "PolicyReply", "PolicyTimeout", "chat_reply"]
 
 
 class PolicyError(PolicyBoundaryError, RuntimeError):
@@ -244,7 +244,7 @@ class PolicyClient:
             request["logprobs"] = True
             extra_body["return_token_ids"] = True
         body = await self.http.post("/chat/completions", {**request, **extra_body}, call.headers)
-        return _chat_reply(body, self.base_url)
+        return chat_reply(body, self.base_url)
 
     async def _responses(self, call: _Call) -> tuple[Message, Turn]:
         cfg = self.config
@@ -338,7 +338,7 @@ class _UnusableAnswer(PolicyError):
     """The server answered 200 with something that is not a completion (worth a retry)."""
 
 
-def _chat_reply(body: dict[str, Any], base_url: str) -> tuple[Message, Turn]:
+def chat_reply(body: dict[str, Any], base_url: str) -> tuple[Message, Turn]:
     """The assistant message and turn record of a Chat Completions answer (plain JSON)."""
     choices = body.get("choices")
     if not choices:

@@ -29,6 +29,7 @@ from rayrollout.auth import RouteAuth
 from rayrollout.data.config import RunConfig
 from rayrollout.errors import InputError, PolicyBoundaryError
 from rayrollout.policy.gate import PauseMode
+from rayrollout.policy.protocol import Policy
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -84,6 +85,9 @@ class PolicyKind:
     weight_backend: Callable[[RunConfig, str, str | None], WeightBackend]
     """The backend for the run's config, the policy's base URL and the bearer token its
     routes take (None for an external server: its key is the agents' business)."""
+    local: Callable[[RunConfig], Policy] | None = None
+    """The policy in this process, without Ray or a server, for commands that play an
+    episode on the spot (``rayrollout agent test``); None where a kind has no such form."""
 
     @property
     def deployed(self) -> bool:
