@@ -301,7 +301,7 @@ async def test_simulated_user_played_by_the_model_sees_its_own_side_and_keeps_it
     # Each role's sequence got its own history: the user's turn 2 extends its turn 1 only.
     assert policy.calls[4].history == [first]
     assert policy.calls[3].history == policy_turns[:2]
-    assert t.metrics.token_mismatches == 0 and t.metrics.turns == 5
+    assert t.metrics.token_mismatches == 0 and t.metrics.turns == 3  # the policy's turns
 
 
 async def test_simulated_user_default_persona_and_max_user_turns():

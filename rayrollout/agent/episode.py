@@ -160,10 +160,11 @@ class AgentEpisode:
         self._sequences[speaker] = _Sequence(list(sent), reply.message, [*history, turn])
         metrics = self.trajectory.metrics
         _mark(metrics, "model", "" if speaker == POLICY else speaker, turn.started_at, turn.seconds)
-        metrics.turns += 1
-        metrics.tokens_in += turn.prompt_tokens
-        metrics.tokens_out += turn.completion_tokens
-        metrics.seconds_model += turn.seconds
+        metrics.seconds_model += turn.seconds  # the episode's time, whoever the model played
+        if speaker == POLICY:  # turns and tokens are the policy's: what is trained on
+            metrics.turns += 1
+            metrics.tokens_in += turn.prompt_tokens
+            metrics.tokens_out += turn.completion_tokens
         return reply.message
 
     # ---------------------------------------------------------------- tools

@@ -44,23 +44,29 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import secrets
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 from aiohttp import web
-from pydantic import ValidationError
 
 from rayrollout.agent.contract import EpisodeEnd, OutOfTurns
+from rayrollout.agent.openai_shapes import (
+    BadRequest,
+    chat_completion,
+    chat_messages,
+    chat_tools,
+    responses_response,
+    responses_tools,
+    sampling_over,
+)
 from rayrollout.data.responses import items_to_messages
-from rayrollout.data.schema import FunctionCall, Message, SamplingParams, ToolCall, Turn
+from rayrollout.data.schema import Message, SamplingParams, Turn
 
 if TYPE_CHECKING:
     from rayrollout.agent.episode import AgentEpisode
@@ -75,15 +81,6 @@ TOOL_ERROR_HEADER = "x-rayrollout-tool-error"
 _MAX_BODY = 64 * 2**20  # long transcripts: aiohttp's 1 MiB default would refuse them
 _T = TypeVar("_T")
 _End = EpisodeEnd | OutOfTurns
-
-# Chat roles a program may send -> ours ("developer" is the newer name of "system").
-_CHAT_ROLES: dict[str, Literal["system", "user", "assistant", "tool"]] = {
-    "system": "system",
-    "developer": "system",
-    "user": "user",
-    "assistant": "assistant",
-    "tool": "tool",
-}
 
 
 class _HttpError(Exception):
@@ -102,6 +99,10 @@ class _HttpError(Exception):
 def _bad(param: str, problem: str) -> _HttpError:
     """A 400 naming the field of the request that is wrong."""
     return _HttpError(400, f"{param}: {problem}", "invalid_request_error", param)
+
+
+def _bad_request(exc: BadRequest) -> _HttpError:
+    return _HttpError(400, str(exc), "invalid_request_error", exc.param)
 
 
 class _Session:
@@ -329,9 +330,9 @@ class Gateway:
         if body.get("n") not in (None, 1):
             raise _bad("n", "the gateway answers one choice per call")
         messages = chat_messages(body.get("messages"))
-        tools = _chat_tools(body.get("tools"))
-        sampling = _sampling(
-            session.episode,
+        tools = chat_tools(body.get("tools"))
+        sampling = sampling_over(
+            session.episode.task.sampling,
             body,
             {"max_completion_tokens": "max_tokens", "max_tokens": "max_tokens"},
         )
@@ -366,8 +367,10 @@ class Gateway:
         if instructions is not None and not isinstance(instructions, str):
             raise _bad("instructions", "must be a string")
         system = [Message(role="system", content=instructions)] if instructions else []
-        tools = _responses_tools(body.get("tools"))
-        sampling = _sampling(session.episode, body, {"max_output_tokens": "max_tokens"})
+        tools = responses_tools(body.get("tools"))
+        sampling = sampling_over(
+            session.episode.task.sampling, body, {"max_output_tokens": "max_tokens"}
+        )
         reply, turn = await self._model(session, [*system, *conversation], tools, sampling)
         response_id = f"resp_{uuid.uuid4().hex}"
         session.responses[response_id] = [*conversation, reply]
@@ -428,6 +431,9 @@ async def _errors(
     """``_HttpError`` as its JSON answer; aiohttp's own (405 and such) pass through."""
     try:
         return await handler(request)
+    except BadRequest as exc:
+        error = _bad_request(exc)
+        return _json(error.body, error.status)
     except _HttpError as exc:
         return _json(exc.body, exc.status)
 
@@ -486,209 +492,3 @@ async def _stream_chat(
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response
-
-
-# ---------------------------------------------------------------------- conversions
-
-
-def _text(content: Any, where: str) -> str | None:
-    """A message's content as text: a string, null, or a list of text parts (joined)."""
-    if content is None or isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for i, part in enumerate(content):
-            text = part.get("text") if isinstance(part, dict) else part
-            if not isinstance(text, str):
-                raise _bad(f"{where}[{i}]", "only text parts are supported")
-            texts.append(text)
-        return "\n".join(texts)
-    raise _bad(where, "must be a string, null or a list of text parts")
-
-
-def _tool_calls(raw: Any, where: str) -> list[ToolCall] | None:
-    if not raw:
-        return None
-    if not isinstance(raw, list):
-        raise _bad(where, "must be a list")
-    calls = []
-    for i, call in enumerate(raw):
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise _bad(f"{where}[{i}]", "must be {id, type: function, function: {name, arguments}}")
-        arguments = function.get("arguments")
-        if not isinstance(arguments, str):  # some clients send the object itself
-            arguments = json.dumps(arguments if arguments is not None else {})
-        calls.append(
-            ToolCall(
-                id=str(call.get("id") or f"call_{i}"),
-                function=FunctionCall(name=function["name"], arguments=arguments),
-            )
-        )
-    return calls
-
-
-def chat_messages(raw: Any) -> list[Message]:
-    """Chat Completions ``messages`` as ours, leniently: unknown keys (the SDK's ``refusal``,
-    ``annotations``, ``audio``, ``function_call``) are dropped, text parts joined. Raises a
-    400 naming the message that cannot be read."""
-    if not isinstance(raw, list) or not raw:
-        raise _bad("messages", "must be a non-empty list of messages")
-    messages = []
-    for i, item in enumerate(raw):
-        where = f"messages[{i}]"
-        if not isinstance(item, dict):
-            raise _bad(where, "must be an object")
-        role = _CHAT_ROLES.get(item.get("role"))  # type: ignore[arg-type]
-        if role is None:
-            raise _bad(f"{where}.role", f"must be one of {sorted(_CHAT_ROLES)}")
-        fields: dict[str, Any] = {"role": role, "content": _text(item.get("content"), where)}
-        if role == "assistant":
-            fields["tool_calls"] = _tool_calls(item.get("tool_calls"), f"{where}.tool_calls")
-        elif role == "tool":
-            fields["tool_call_id"] = item.get("tool_call_id")
-            fields["name"] = item.get("name")
-        try:
-            messages.append(Message.model_validate(fields))
-        except ValidationError as exc:
-            raise _bad(where, exc.errors()[0]["msg"]) from None
-    return messages
-
-
-def _chat_tools(raw: Any) -> list[dict[str, Any]]:
-    """Chat ``tools`` as given (an empty list when none: the program offers none)."""
-    if raw is None:
-        return []
-    if not isinstance(raw, list):
-        raise _bad("tools", "must be a list of function tools")
-    for i, tool in enumerate(raw):
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise _bad(f"tools[{i}]", "must be {type: function, function: {name, parameters}}")
-    return raw
-
-
-def _responses_tools(raw: Any) -> list[dict[str, Any]]:
-    """Responses-API function tools (flat) in chat form, as the episode's model takes them."""
-    if raw is None:
-        return []
-    if not isinstance(raw, list):
-        raise _bad("tools", "must be a list of function tools")
-    tools = []
-    for i, tool in enumerate(raw):
-        if not isinstance(tool, dict) or tool.get("type") != "function" or "name" not in tool:
-            raise _bad(f"tools[{i}]", "only function tools {type: function, name, parameters}")
-        function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
-        if tool.get("strict") is not None:
-            function["strict"] = tool["strict"]
-        tools.append({"type": "function", "function": function})
-    return tools
-
-
-def _sampling(
-    episode: AgentEpisode, body: dict[str, Any], max_keys: dict[str, str]
-) -> SamplingParams | None:
-    """The request's sampling over the task's (field by field); None: the task's as it is."""
-    given: dict[str, Any] = {
-        k: body[k] for k in ("temperature", "top_p", "seed") if body.get(k) is not None
-    }
-    names = {k: k for k in given}
-    for key, ours in max_keys.items():
-        if body.get(key) is not None:
-            given[ours], names[ours] = body[key], key
-            break
-    if not given:
-        return None
-    task = episode.task.sampling
-    base = task.model_dump(exclude_none=True) if task is not None else {}
-    try:
-        return SamplingParams.model_validate({**base, **given})
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        where = str(error["loc"][0]) if error["loc"] else "sampling"
-        raise _bad(names.get(where, where), error["msg"]) from None
-
-
-def _usage(turn: Turn) -> tuple[int, int]:
-    return turn.prompt_tokens, turn.completion_tokens
-
-
-def chat_completion(reply: Message, turn: Turn, model: str) -> dict[str, Any]:
-    """The reply as a ``chat.completion`` object, in the shape the OpenAI SDK parses."""
-    message: dict[str, Any] = {"role": "assistant", "content": reply.content, "refusal": None}
-    if reply.tool_calls:
-        message["tool_calls"] = [call.model_dump() for call in reply.tool_calls]
-    finish = turn.finish_reason or ("tool_calls" if reply.tool_calls else "stop")
-    prompt, completion = _usage(turn)
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
-        "usage": {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-        },
-    }
-
-
-def _output_items(reply: Message) -> list[dict[str, Any]]:
-    """The reply as Responses-API output items: its text as a message, each tool call as a
-    function_call (what ``items_to_messages`` reads back as this same reply)."""
-    items: list[dict[str, Any]] = []
-    if reply.content or not reply.tool_calls:
-        items.append(
-            {
-                "type": "message",
-                "id": f"msg_{uuid.uuid4().hex}",
-                "role": "assistant",
-                "status": "completed",
-                "content": [
-                    {"type": "output_text", "text": reply.content or "", "annotations": []}
-                ],
-            }
-        )
-    for call in reply.tool_calls or []:
-        items.append(
-            {
-                "type": "function_call",
-                "id": f"fc_{uuid.uuid4().hex}",
-                "call_id": call.id,
-                "name": call.function.name,
-                "arguments": call.function.arguments,
-                "status": "completed",
-            }
-        )
-    return items
-
-
-def responses_response(
-    response_id: str, reply: Message, turn: Turn, model: str, body: dict[str, Any]
-) -> dict[str, Any]:
-    """The reply as a Responses-API ``response`` object."""
-    prompt, completion = _usage(turn)
-    truncated = turn.finish_reason == "length"
-    return {
-        "id": response_id,
-        "object": "response",
-        "created_at": time.time(),
-        "model": model,
-        "status": "incomplete" if truncated else "completed",
-        "incomplete_details": {"reason": "max_output_tokens"} if truncated else None,
-        "error": None,
-        "instructions": body.get("instructions"),
-        "previous_response_id": body.get("previous_response_id"),
-        "output": _output_items(reply),
-        "parallel_tool_calls": bool(body.get("parallel_tool_calls", True)),
-        "tool_choice": body.get("tool_choice") or "auto",
-        "tools": body.get("tools") or [],
-        "usage": {
-            "input_tokens": prompt,
-            "output_tokens": completion,
-            "total_tokens": prompt + completion,
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens_details": {"reasoning_tokens": 0},
-        },
-    }

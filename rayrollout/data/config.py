@@ -265,9 +265,11 @@ class TrainingConfig(_Config):
     max_staleness: int | None = Field(
         default=None,
         ge=0,
-        description="Versions the policy may move on during one episode: a model call more "
-        "than this many versions after the episode's first turn restarts the episode under "
-        "the current weights. None: no bound.",
+        description="Versions the policy may move on during one token sequence (with the "
+        "built-in loop: the episode): a model call more than this many versions after the "
+        "first turn of the sequence it extends restarts the episode under the current "
+        "weights. An agent that trims its history starts a new sequence, measured afresh. "
+        "None: no bound.",
     )
     dynamic_sampling: bool = Field(
         default=False,
