@@ -67,8 +67,12 @@ def agent_tasks() -> list[dict[str, Any]]:
     return rows
 
 
-def run_agents(policy: VllmPolicy, tmp_path: Path, tasks: list[dict], budget: int) -> list:
-    """test_vllm_policy.run's policy block, with the agents' settings and more turns."""
+def run_agents(
+    policy: VllmPolicy, tmp_path: Path, tasks: list[dict], budget: int
+) -> tuple[list[Trajectory], list[Trajectory]]:
+    """test_vllm_policy.run's policy block, with the agents' settings and more turns: the
+    tasks through ``collect``, then one of each agent's rows through the training loop's
+    ``generate`` (2 samples each) on the same engine."""
     config = {
         "namespace": "vllm-agents",
         "concurrency": 16,
@@ -96,9 +100,18 @@ def run_agents(policy: VllmPolicy, tmp_path: Path, tasks: list[dict], budget: in
         "output": {"dir": str(tmp_path / "out"), "flush_interval_s": 1.0},
         "ray": {"serve_port": policy.serve_port},
     }
+    import ray
+
+    firsts: dict[str, dict] = {}  # the first row of each kind: loop, budget, script, played
+    for row in tasks:
+        firsts.setdefault(row["task_id"].split("-")[0], row)
+    one_each = list(firsts.values())
     with RolloutEngine(config) as engine:
-        result = engine.collect(tasks)
-    return result.trajectories()
+        collected = engine.collect(tasks).trajectories()
+        batch = ray.get(engine.engine.generate.remote(one_each, 2), timeout=1200)
+    generated = [t for group in batch.groups for t in group.trajectories]
+    assert len(generated) == 2 * len(one_each)
+    return collected, generated
 
 
 def sent(t: Trajectory, turn: Turn) -> list[Message]:
@@ -131,7 +144,8 @@ def test_agents_on_a_real_model_keep_each_sequence_token_exact(
     # tokens here): longer episodes are trimmed, and the calls after a trim extend it
     # while the trimmed list + two tool calls fit (most of the episodes; one is enough).
     budget = max(len(p) for p in first_prompts) + 200
-    trajectories = run_agents(smollm2_policy, tmp_path, agent_tasks(), budget)
+    collected, generated = run_agents(smollm2_policy, tmp_path, agent_tasks(), budget)
+    trajectories = collected + generated
 
     by_agent: dict[str, list[Trajectory]] = {}
     for t in trajectories:
@@ -210,6 +224,7 @@ def test_agents_on_a_real_model_keep_each_sequence_token_exact(
         f"{extended_trims} calls extending a trimmed list; statuses "
         f"{sorted({t.status for t in trajectories})}"
     )
-    assert len(trajectories) == 5 * len(math_tasks())
+    assert len(collected) == 5 * len(math_tasks())
+    assert {t.played_by for t in generated} == {"tool_loop", "context_budget", "simulated_user"}
     assert trims >= 1 and extended_trims >= 1
     assert sum(len(t.turns) >= 2 for t in users) == len(users)
