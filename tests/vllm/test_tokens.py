@@ -10,7 +10,7 @@ import pytest
 from rayrollout.deployments.vllm.app import llm_config_kwargs, load_vllm_config
 
 from rayrollout.data.schema import Trajectory, Turn
-from rayrollout.engine.episode import _check_tokens
+from rayrollout.agent.episode import _check_tokens
 from rayrollout.policy.tokens import (
     DeltaRenderer,
     TemplateError,
@@ -111,8 +111,9 @@ def test_episode_records_the_first_token_mismatch_and_counts_every_one():
         Turn(prompt_token_ids=[1, 9, 3, 4, 5, 6], completion_token_ids=[7]),
         Turn(prompt_token_ids=[1, 9, 3, 4, 5, 6, 0], completion_token_ids=[8]),
     ]
-    for turn in turns:
-        _check_tokens(trajectory, turn)
+    for turn in turns:  # each extends the one before (as the tool loop's turns do)
+        if trajectory.turns:
+            _check_tokens(trajectory.metrics, trajectory.turns[-1], turn, len(trajectory.turns))
         trajectory.turns.append(turn)
     assert trajectory.metrics.token_mismatches == 2
     assert (trajectory.metrics.token_mismatch_turn, trajectory.metrics.token_mismatch_index) == (
