@@ -29,6 +29,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from rayrollout.errors import ClusterError
+
 __all__ = [
     "FRONT_HEALTH_PATH",
     "GATEWAY_FIELD",
@@ -54,8 +56,9 @@ _RELY_S = 1.0  # a front found in another process is probed again after this lon
 _PROBE_TIMEOUT_S = 5.0
 
 
-class FrontPortTaken(RuntimeError):
-    """The front's port is held by a program that is not rayrollout's gateway front."""
+class FrontPortTaken(ClusterError, RuntimeError):
+    """The front's port is held by a program that is not rayrollout's gateway front (a
+    service the run needs is taken, as for a named actor another run holds)."""
 
 
 def front_metadata(gateway_url: str, api_key: str) -> dict[str, str]:
