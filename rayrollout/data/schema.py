@@ -230,8 +230,19 @@ class Turn(_Model):
         description="How many of the trajectory's messages this call sent, when it sent a "
         "prefix of them (sent_messages is None); 0 when sent_messages holds them.",
     )
+    retries: int = Field(
+        default=0,
+        description="Failed tries before the answer this turn records (5xx, 429, timeouts, "
+        "dropped connections, unusable answers), each sent again with backoff: a replica "
+        "that died mid-call shows here, the turn served by another one.",
+    )
+    retry_errors: list[str] = Field(
+        default_factory=list,
+        description="What each failed try got, in order, briefly ('HTTP 500: ...', "
+        "'ServerDisconnectedError', 'timeout').",
+    )
 
-    @field_validator("policy_version", "prompt_message_count", mode="before")
+    @field_validator("policy_version", "prompt_message_count", "retries", mode="before")
     @classmethod
     def _missing_int_is_zero(cls, value: Any) -> Any:
         # Parquet parts written before the field existed read back with nulls here.
@@ -246,6 +257,11 @@ class Turn(_Model):
     @classmethod
     def _missing_extends_is_false(cls, value: Any) -> Any:
         return False if value is None else value
+
+    @field_validator("retry_errors", mode="before")
+    @classmethod
+    def _missing_list_is_empty(cls, value: Any) -> Any:
+        return [] if value is None else value
 
 
 class TimelineEvent(_Model):

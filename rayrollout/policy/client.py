@@ -5,9 +5,12 @@ Chat Completions and ``/completions`` (token ids) go through ``policy_http`` (ai
 orjson, the ``openai`` client's retry rules: profiled, its typed layers cost more CPU than
 the HTTP itself); the Responses API goes through the ``openai`` client. Either retries 429,
 5xx, timeouts and connection errors with backoff; an answer that is not a usable completion
-(garbage JSON) is retried here with the same limit. What is left after them becomes
-``PolicyError`` or ``PolicyTimeout``, which the episode records as its status. The API key
-is read from the environment and never appears in errors.
+(garbage JSON) is retried here with the same limit. A call that succeeded after failed tries
+records them on its turn (``Turn.retries``, ``Turn.retry_errors``; not for the Responses API,
+whose retries happen inside the ``openai`` client): in token-ids mode a retry sends the same
+kept ids, so a vLLM replica that died mid-call costs that one call, not the episode. What is
+left after the retries becomes ``PolicyError`` or ``PolicyTimeout``, which the episode
+records as its status. The API key is read from the environment and never appears in errors.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import openai
@@ -73,6 +76,8 @@ class _Call:
     headers: dict[str, str] | None
     history: list[Turn]
     tool_choice: str
+    failed: list[str] = field(default_factory=list)
+    """What each failed try of this call got, for its turn (``PolicyHttp.post`` appends)."""
 
 
 class PolicyClient:
@@ -130,13 +135,13 @@ class PolicyClient:
         if self._openai is not None:
             await self._openai.close()
 
-    def _brief(self, text: str) -> str:
+    def _brief(self, text: str, limit: int = 300) -> str:
         """Server text for an error message, short, with the API key blanked: a server may
         echo the key it rejected ("Incorrect API key provided: sk-...")."""
         key = self.api_key
         if key and key != "not-needed":
             text = text.replace(key, "[api key]")
-        return _brief(text)
+        return _brief(text, limit)
 
     def _sampling(self, sampling: SamplingParams | None) -> dict[str, Any]:
         cfg = self.config
@@ -171,6 +176,7 @@ class PolicyClient:
     async def _complete(self, call: _Call) -> PolicyReply:
         """The call and its retries of unusable answers, timed."""
         started = time.time()
+        call.failed = []  # a call the gate aborted and sent again: only this run's tries
         # An answer that is not JSON, or not shaped like one, is retried like a 5xx (the
         # openai client retries only transport failures), with the same max_retries limit.
         for attempt in range(self.config.max_retries + 1):
@@ -182,9 +188,12 @@ class PolicyClient:
                     raise PolicyError(
                         f"{exc} (after {self.config.max_retries} retries)"
                     ) from exc.__cause__
+                call.failed.append(str(exc))
                 await asyncio.sleep(backoff_s(attempt))
         turn.started_at = started
         turn.seconds = time.time() - started
+        turn.retries = len(call.failed)
+        turn.retry_errors = [self._brief(e, _RETRY_ERROR_CHARS) for e in call.failed]
         return PolicyReply(message, turn)
 
     async def _call(self, call: _Call) -> tuple[Message, Turn]:
@@ -243,7 +252,9 @@ class PolicyClient:
         if cfg.return_token_ids:
             request["logprobs"] = True
             extra_body["return_token_ids"] = True
-        body = await self.http.post("/chat/completions", {**request, **extra_body}, call.headers)
+        body = await self.http.post(
+            "/chat/completions", {**request, **extra_body}, call.headers, call.failed
+        )
         return chat_reply(body, self.base_url)
 
     async def _responses(self, call: _Call) -> tuple[Message, Turn]:
@@ -298,7 +309,7 @@ class PolicyClient:
         body.pop("chat_template_kwargs", None)  # used for rendering, not by /completions
         if call.tools and call.tool_choice == "required":
             body["response_format"] = tool_call_structural_tag(call.tools)
-        answer = await self.http.post("/completions", body, call.headers)
+        answer = await self.http.post("/completions", body, call.headers, call.failed)
         choices = answer.get("choices")
         if not choices:
             raise _UnusableAnswer(f"policy server {self.base_url} returned no choices")
@@ -332,6 +343,9 @@ class PolicyClient:
                 chat_template_tokenizer(self.config.tokenizer or self.config.model), kwargs
             )
         return self._delta_renderer
+
+
+_RETRY_ERROR_CHARS = 120  # per failed try on a turn: enough to tell a 500 from a timeout
 
 
 class _UnusableAnswer(PolicyError):

@@ -7,7 +7,9 @@ episodes in flight, those layers were over a third of the agent's CPU, more than
 itself. Here a request is one ``orjson`` encode, one aiohttp POST and one decode, with the
 same retry rules the ``openai`` client applies: 408, 409, 429 and 5xx answers, timeouts and
 connection errors are retried with exponential backoff (a server's ``retry-after-ms`` or
-``retry-after`` header, up to a minute, wins over the computed delay).
+``retry-after`` header, up to a minute, wins over the computed delay). Each failed try can be
+reported to the caller (``failed``), which records them on the turn: a vLLM replica that died
+mid-call answers 500 through Serve's ingress, and the retry reaches a healthy one.
 """
 
 from __future__ import annotations
@@ -75,13 +77,19 @@ class PolicyHttp:
         self._session = None
 
     async def post(
-        self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
+        self,
+        path: str,
+        body: dict[str, Any],
+        headers: dict[str, str] | None = None,
+        failed: list[str] | None = None,
     ) -> Any:
         """POST ``body`` as JSON, return the decoded JSON answer.
 
         Raises ``HttpStatusError``, ``HttpTimeout`` or ``HttpTransportError`` once retries
         are spent; an answer that is not JSON raises ``orjson.JSONDecodeError`` (a
         ``ValueError``) at once: the caller decides whether that is worth another try.
+        Every failed try that was retried is appended to ``failed`` (briefly: what it got),
+        so a call that succeeded on a later try can say so.
         """
         url = f"{self.base_url}{path}"
         data = orjson.dumps(body)
@@ -96,14 +104,17 @@ class PolicyHttp:
                     if last or not _retried(response.status):
                         raise error
                     delay = _retry_after_s(response.headers) or backoff_s(attempt)
+                    what = f"HTTP {response.status}: {error.message}"
             except TimeoutError:
                 if last:
                     raise HttpTimeout(url) from None
-                delay = backoff_s(attempt)
+                delay, what = backoff_s(attempt), "timeout"
             except aiohttp.ClientError as exc:
                 if last:
                     raise HttpTransportError(f"{type(exc).__name__}: {exc}") from exc
-                delay = backoff_s(attempt)
+                delay, what = backoff_s(attempt), f"{type(exc).__name__}: {exc}"
+            if failed is not None:
+                failed.append(what)
             await asyncio.sleep(delay)
         raise AssertionError("unreachable: the last attempt returns or raises")
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from rayrollout.deployments.vllm.app import llm_config_kwargs, load_vllm_config
 
-from rayrollout.data.schema import Trajectory, Turn
 from rayrollout.agent.episode import _check_tokens
+from rayrollout.data.schema import Trajectory, Turn
 from rayrollout.policy.tokens import (
     DeltaRenderer,
     TemplateError,
