@@ -37,7 +37,10 @@ PERSONA = "You are a curious student. Ask one short follow-up question about the
 AGENTS = {  # the config's agent_settings: by path too, so no entry point is needed
     "context_budget": "rayrollout.agents.context_budget:ContextBudget",
     "simulated_user": "rayrollout.agents.simulated_user:SimulatedUser",
+    "program": "rayrollout.agents.program:ProgramAgent",
 }
+# An unmodified OpenAI SDK script, one subprocess per episode, its calls through the gateway.
+OPENAI_AGENT = str(Path(__file__).resolve().parents[2] / "examples" / "openai_agent.py")
 
 
 def render(tokenizer: Any, messages: list[Message], tools: list[dict[str, Any]]) -> list[int]:
@@ -61,6 +64,7 @@ def agent_tasks() -> list[dict[str, Any]]:
         rows.append({**row, "task_id": f"loop-{task_id}", "agent": "tool_loop"})
         for copy in ("a", "b"):
             rows.append({**row, "task_id": f"budget-{copy}-{task_id}", "agent": "context_budget"})
+        rows.append({**row, "task_id": f"program-{task_id}", "agent": "program"})
         chat = {**row, "tools": [], "agent": "simulated_user"}
         rows.append({**chat, "task_id": f"script-{task_id}", "user_turns": SCRIPT})
         rows.append({**chat, "task_id": f"played-{task_id}", "user_persona": PERSONA})
@@ -96,13 +100,17 @@ def run_agents(
                 "args": {"max_prompt_tokens": budget, "keep_last_turns": 1},
             },
             "simulated_user": {"path": AGENTS["simulated_user"], "args": {"max_user_turns": 2}},
+            "program": {
+                "path": AGENTS["program"],
+                "args": {"command": ["python", OPENAI_AGENT], "timeout_s": 600},
+            },
         },
         "output": {"dir": str(tmp_path / "out"), "flush_interval_s": 1.0},
         "ray": {"serve_port": policy.serve_port},
     }
     import ray
 
-    firsts: dict[str, dict] = {}  # the first row of each kind: loop, budget, script, played
+    firsts: dict[str, dict] = {}  # the first row of each kind: loop, budget, program, ...
     for row in tasks:
         firsts.setdefault(row["task_id"].split("-")[0], row)
     one_each = list(firsts.values())
@@ -224,7 +232,21 @@ def test_agents_on_a_real_model_keep_each_sequence_token_exact(
         f"{extended_trims} calls extending a trimmed list; statuses "
         f"{sorted({t.status for t in trajectories})}"
     )
-    assert len(collected) == 5 * len(math_tasks())
-    assert {t.played_by for t in generated} == {"tool_loop", "context_budget", "simulated_user"}
+    assert len(collected) == 6 * len(math_tasks())
+    assert {t.played_by for t in generated} == {
+        "tool_loop",
+        "context_budget",
+        "simulated_user",
+        "program",
+    }
+    # The OpenAI SDK script's every model call is a recorded turn with its token ids, and
+    # its loop (the SDK sending back the reply it got) is one token sequence.
+    programs = by_agent["program"]
+    assert programs and all(t.turns for t in programs)
+    for t in programs:
+        assert [turn.extends_previous for turn in t.turns] == [False] + [True] * (
+            len(t.turns) - 1
+        ), t.task_id
+        assert all(turn.prompt_message_count and turn.sent_messages is None for turn in t.turns)
     assert trims >= 1 and extended_trims >= 1
     assert sum(len(t.turns) >= 2 for t in users) == len(users)
