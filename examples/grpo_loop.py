@@ -67,25 +67,37 @@ def tasks() -> list[dict[str, Any]]:
 
 
 def run_config(
-    model_path: str | Path, work_dir: str | Path, serve_port: int = 8000, max_tokens: int = 16
+    model_path: str | Path,
+    work_dir: str | Path,
+    serve_port: int = 8000,
+    max_tokens: int = 16,
+    *,
+    deployment_file: str | Path = ROOT / "deployments/vllm/cpu.yaml",
+    environments: dict[str, Any] | None = None,
+    namespace: str = NAMESPACE,
 ) -> RunConfig:
-    """The engine's config: vLLM from ``deployments/vllm/cpu.yaml`` with control endpoints."""
+    """The engine's config: vLLM from ``deployment_file`` (default ``cpu.yaml``, the tiny
+    model) with control endpoints, one-turn episodes of ``environments`` (default: digits).
+
+    ``examples/grpo_smollm2.py`` reuses it with ``smollm2-cpu.yaml`` and its own task, so
+    both examples deploy and pause vLLM the same way.
+    """
     work_dir = Path(work_dir)
-    deployment = yaml.safe_load((ROOT / "deployments/vllm/cpu.yaml").read_text())
+    deployment = yaml.safe_load(Path(deployment_file).read_text())
     deployment["model_source"] = str(model_path)
     deployment["control_endpoints"] = True  # /pause, /resume, /collective_rpc: update_weights
     work_dir.mkdir(parents=True, exist_ok=True)
     (work_dir / "vllm.yaml").write_text(yaml.safe_dump(deployment))
     return RunConfig.model_validate(
         {
-            "namespace": NAMESPACE,
+            "namespace": namespace,
             "policy": {
                 "kind": "vllm",
                 "vllm_config": str(work_dir / "vllm.yaml"),
                 "max_tokens": max_tokens,
                 "temperature": 1.0,
             },
-            "environments": {"digits": {"path": "examples.grpo_loop:DigitsEnv"}},
+            "environments": environments or {"digits": {"path": "examples.grpo_loop:DigitsEnv"}},
             "agents": {"num_agents": 1, "max_turns": 1},
             "concurrency": 64,
             # Calls in flight during an update are sent again under the new weights, so

@@ -318,3 +318,35 @@ def test_an_open_app_is_a_choice_its_caller_makes_by_name(serve_session):
         assert requests.post(f"{url}/seed_session", json=ROW).status_code == 200
     finally:
         serve.delete("http-booking-open")
+
+
+async def test_a_forwarded_call_no_replica_took_is_sent_again_and_one_taken_never(monkeypatch):
+    """Ray 2.60's consistent-hash router now and then leaves a request unassigned for ever;
+    ``_assigned`` cancels such a request (it never ran) and sends it again, but awaits one a
+    replica took, however long it runs."""
+    import asyncio
+    import concurrent.futures
+
+    from rayrollout.environment.nemo_gym import routes
+
+    monkeypatch.setattr(routes, "_ASSIGN_TIMEOUT_S", 0.05)
+
+    class Response:  # a DeploymentResponse's shape: the assignment future, then the answer
+        def __init__(self, assigned: bool, answer: str) -> None:
+            self._replica_result_future = concurrent.futures.Future()
+            if assigned:
+                self._replica_result_future.set_result("replica")
+            self.answer = answer
+
+        def __await__(self):
+            yield from asyncio.sleep(0.2).__await__()  # runs past the assignment timeout
+            return self.answer
+
+    sent = [Response(False, "lost"), Response(False, "lost"), Response(True, "done")]
+    calls = iter(sent)
+    assert await routes._assigned(lambda: next(calls), "verify") == "done"
+    assert [r._replica_result_future.cancelled() for r in sent] == [True, True, False]
+
+    monkeypatch.setattr(routes, "_ASSIGN_TRIES", 2)
+    with pytest.raises(routes.EnvironmentRoutingError, match="verify: Ray Serve's router"):
+        await routes._assigned(lambda: Response(False, "lost"), "verify")

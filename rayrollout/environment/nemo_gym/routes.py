@@ -16,8 +16,10 @@ read back as chat messages) and ends the session, since NeMo Gym agents may neve
 
 # No `from __future__ import annotations` here: FastAPI reads the route signatures' types,
 # and Serve's class-based views leave string annotations unresolved.
+import asyncio
 import json
 import uuid
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -121,6 +123,41 @@ def _failed(route: str, exc: Exception) -> Response:
     )
 
 
+_ASSIGN_TIMEOUT_S = 10.0  # a forwarded call no replica took by then was dropped by Ray's router
+_ASSIGN_TRIES = 6
+
+
+async def _assigned(send: Callable[[], Any], what: str) -> Any:
+    """The answer of a forwarded handle call, sent again when Ray's router never gave it to a
+    replica.
+
+    Ray 2.60's experimental consistent-hash router now and then leaves a request pending for
+    ever (seen on a loaded machine: a /verify that waited 300 s). A request still waiting for
+    a replica after ``_ASSIGN_TIMEOUT_S`` is cancelled while unassigned (so it never runs)
+    and sent again; one that a replica took is awaited whatever it takes, so no call runs
+    twice.
+    """
+    for _ in range(_ASSIGN_TRIES):
+        response = send()
+        future = getattr(response, "_replica_result_future", None)
+        if future is None:  # this replica's own method (_LocalCalls): nothing to route
+            return await response
+        try:
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), _ASSIGN_TIMEOUT_S)
+        except TimeoutError:
+            if future.cancel():  # still unassigned: it will never run
+                continue
+        return await response
+    raise EnvironmentRoutingError(
+        f"{what}: Ray Serve's router gave the call to no replica in {_ASSIGN_TRIES} tries of "
+        f"{_ASSIGN_TIMEOUT_S:.0f} s; send it again"
+    )
+
+
+class EnvironmentRoutingError(EnvironmentBoundaryError, RuntimeError):
+    """A forwarded call of an HTTP session found no replica (Ray's router dropped it)."""
+
+
 class _LocalCalls:
     """This replica's own methods in a handle's shape: ``calls.open.remote(...)``."""
 
@@ -181,7 +218,7 @@ class NemoGymRoutes:
             return JSONResponse({"detail": str(exc)}, status_code=exc.status)
         key = resources_session_id or _session_key(request) or uuid.uuid4().hex
         try:
-            await self._routed(key).open.remote(key, task)
+            await _assigned(lambda: self._routed(key).open.remote(key, task), "seed_session")
         except Exception as exc:
             return _failed("seed_session", exc)
         answer = {"resources_session_id": key} if resources_session_id else {"session_id": key}
@@ -208,16 +245,17 @@ class NemoGymRoutes:
         # A scratch session lives and ends inside this request, so it stays on this replica:
         # no other call will look for it, and the routing hop is where calls hung.
         handle = _LocalCalls(self) if scratch else self._routed(key)
+        episode = Episode(task=task, messages=messages)
         try:
             if scratch:
                 await handle.open.remote(key, task)
-            verification = await handle.verify.remote(key, Episode(task=task, messages=messages))
+            verification = await _assigned(lambda: handle.verify.remote(key, episode), "verify")
         except LookupError:
             return _no_session(key)
         except Exception as exc:
             return _failed("verify", exc)
         finally:
-            await handle.close.remote(key)
+            await _assigned(lambda: handle.close.remote(key), "close")
         return JSONResponse(_verify_answer(body, verification))
 
     @http_app.post("/close_session")
@@ -234,7 +272,7 @@ class NemoGymRoutes:
         named = body.get("resources_session_id")
         key = named if isinstance(named, str) and named else _session_key(request)
         if key is not None:
-            await self._routed(key).close.remote(key)
+            await _assigned(lambda: self._routed(key).close.remote(key), "close_session")
         return JSONResponse({"resources_session_id": named} if named else {})
 
     @http_app.post("/aggregate_metrics")
@@ -268,7 +306,10 @@ class NemoGymRoutes:
             )
         arguments = (await request.body()).decode("utf-8", errors="replace")
         try:
-            result = await self._routed(key).call_tool.remote(key, None, tool_name, arguments)
+            result = await _assigned(
+                lambda: self._routed(key).call_tool.remote(key, None, tool_name, arguments),
+                tool_name,
+            )
         except LookupError:
             return _no_session(key)
         except Exception as exc:
