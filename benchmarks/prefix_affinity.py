@@ -1,5 +1,8 @@
 """Episode-to-replica affinity: vLLM's prefix cache hits with and without it, same run.
 
+(Over 400 lines for one job: the multi-turn client, the deployments per router and the
+reading of vLLM's own counters belong to one measurement, compared inside one run.)
+
 Deploys ``deployments/vllm/cpu.yaml`` (2 replicas of the tiny random-weight model, CPU) once
 per router, one app at a time: ``consistent_hash`` (the default: Serve hashes each call's
 ``x-session-id``, the episode id, to a replica) and ``power_of_two`` (Serve's default router:

@@ -1,5 +1,8 @@
 """GRPO that visibly trains a real model: SmolLM2-135M-Instruct on CPU, through the engine.
 
+(Over 400 lines for one job, one runnable example a reader follows top to bottom: the task
+and its reward, the trainer, the step loop, and the plot of the runs it wrote.)
+
 The sibling of ``grpo_loop.py`` (same deployment path, same engine calls, same trainer shape),
 with a real instruct model instead of random weights and a task a 135M model can get better
 at within minutes on 2 CPU cores.

@@ -1,5 +1,9 @@
 """The recording OpenAI-compatible gateway: a program that calls the model itself, recorded.
 
+(Over 400 lines for one job, serving episodes over HTTP: the per-episode sessions, keys and
+ends, and the five routes that pass each call through ``AgentEpisode.model``. The request
+and answer shapes, which are pure, live apart in ``openai_shapes``.)
+
 An agent written as a program (an OpenAI SDK script, an agent framework, anything that
 speaks the OpenAI protocol) cannot be handed an ``AgentEpisode``: it is handed a URL and a
 key instead, and every call it makes there goes through ``AgentEpisode.model``, so it is
@@ -78,7 +82,7 @@ logger = logging.getLogger(__name__)
 TOOL_ERROR_HEADER = "x-rayrollout-tool-error"
 """Set to ``1`` on a tool route's answer that is an error for the model to read."""
 
-_MAX_BODY = 64 * 2**20  # long transcripts: aiohttp's 1 MiB default would refuse them
+MAX_BODY = 64 * 2**20  # long transcripts: aiohttp's 1 MiB default would refuse them
 _T = TypeVar("_T")
 _End = EpisodeEnd | OutOfTurns
 
@@ -202,7 +206,7 @@ class Gateway:
         return self._url
 
     async def _serve(self) -> tuple[web.AppRunner, str]:
-        app = web.Application(client_max_size=_MAX_BODY, middlewares=[_errors])
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[_errors])
         base = "/e/{token}/v1"
         app.router.add_post(f"{base}/chat/completions", self._chat_completions)
         app.router.add_post(f"{base}/responses", self._responses)

@@ -29,6 +29,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from rayrollout.agent.gateway import MAX_BODY
 from rayrollout.errors import ClusterError
 
 __all__ = [
@@ -51,7 +52,6 @@ FRONT_HEALTH_PATH = "/rayrollout-front-health"
 SERVICE = "rayrollout-gateway-front"
 PROTOCOL = 1  # bumped if the metadata keys or the forwarding change
 ROUTES = ("responses", "chat/completions")
-_MAX_BODY = 64 * 1024**2  # a long episode's whole history; aiohttp's default is 1 MiB
 _RELY_S = 1.0  # a front found in another process is probed again after this long
 _PROBE_TIMEOUT_S = 5.0
 
@@ -113,7 +113,7 @@ class GatewayFront:
 
     async def start(self) -> None:
         """Bind and serve; raises ``OSError`` (``EADDRINUSE``) when the port is taken."""
-        app = web.Application(client_max_size=_MAX_BODY)
+        app = web.Application(client_max_size=MAX_BODY)  # what the gateways behind it take
         app.router.add_get(FRONT_HEALTH_PATH, self._health)
         for route in ROUTES:
             app.router.add_post(f"/v1/{route}", self._forwarder(route))

@@ -1,5 +1,8 @@
 """Checks before start: what a ``collect`` can find wrong in a second, before Ray starts.
 
+(Over 400 lines for one job: each check is small, but every one names its fix, and the
+checks of one run are read together here: tasks, environments, agents, output, policy.)
+
 Starting Ray, Serve and the policy takes from seconds to minutes, and until this module a
 new user's mistakes surfaced only after it: a directory as the tasks file gave a traceback,
 an output folder that was a file a hundred lines from inside Ray, a ``--base-url`` with
