@@ -38,8 +38,15 @@ Two ratios per mode, engine episodes/s over the bare loop's:
 The engine's rows also say where its episode time went (model, tools, verify, other: the
 rest, session set-up and close included), set beside the bare loop's own per-call times.
 
-    python benchmarks/overhead.py                 # full run (20,000 rows, 256 in flight; 5-7 min)
+    python benchmarks/overhead.py                 # full run (20,000 rows, 256 in flight; 2-3 min)
+    python benchmarks/overhead.py --latency 0.1   # the policy thinks 100 ms a call, as a model does
     python benchmarks/overhead.py --smoke         # seconds; CI checks it still works
+
+Where the gap comes from is in the CPU figures: ``client_cpu_ms_per_episode`` is the bare
+loop's own process, ``engine_side_cpu_ms_per_episode`` every process of the engine's (agents,
+engine actor, driver, Ray's daemons; servers left out), and ``cpu_ratio`` the second over the
+first. With a policy that costs nothing, two cores run out before either side's concurrency
+does, so ``ratio_steady`` is close to the bare loop's CPU share of the engine's.
 """
 
 from __future__ import annotations
@@ -367,6 +374,7 @@ def run_bare(
         "whole_episodes_per_s": episodes / wall,
         "seconds": wall,
         "cpu_ms_per_episode": 1000 * (result["cpu_s"] + servers) / episodes,
+        "client_cpu_ms_per_episode": round(1000 * result["cpu_s"] / episodes, 4),
         "seconds_per_episode": {k: round(v, 5) for k, v in result["seconds_per_episode"].items()},
     }
 
@@ -421,10 +429,14 @@ def run_engine(
     assert (frame["m_tool_calls"] == 1).all(), "episodes without their tool call"
     parts = {k: frame[f"m_seconds_{k}"].mean() for k in ("model", "tools", "verify", "total")}
     parts["other"] = parts["total"] - parts["model"] - parts["tools"] - parts["verify"]
+    servers = ("policy stub", "NeMo Gym server")
     return {
         "steady_episodes_per_s": steady_rate(frame["finished_at"].tolist()),
         "whole_episodes_per_s": episodes / wall,
         "seconds": wall,
+        "engine_side_cpu_ms_per_episode": round(
+            sum(ms for role, ms in by_role.items() if role not in servers), 4
+        ),
         "seconds_start": started - start,
         "seconds_collect": collected - started,
         "seconds_shutdown": ended - collected,
@@ -454,6 +466,12 @@ def main() -> None:
         help="environment hosting modes to run (also: serve-stateful)",
     )
     parser.add_argument(
+        "--latency",
+        type=float,
+        default=0.0,
+        help="seconds the stub policy thinks per call (0: a policy that costs nothing)",
+    )
+    parser.add_argument(
         "--smoke", action="store_true", help="tiny run to check the benchmark works"
     )
     parser.add_argument("--bare", metavar="POLICY_URL", help=argparse.SUPPRESS)
@@ -474,13 +492,17 @@ def main() -> None:
         "episodes": args.episodes,
         "concurrency": args.concurrency,
         "agents": args.agents,
+        "policy_latency_s": args.latency,
         "machine": f"{os.cpu_count()} cores",
         "load_average_before": [round(x, 2) for x in os.getloadavg()],
         "steady": f"episodes/s between the {STEADY[0]:.0%} and {STEADY[1]:.0%} finishes",
         "whole": "engine: RolloutEngine construction to shutdown; bare loop: process start to exit",
     }
     try:
-        with stub_policy() as (url, stub_pid), nemo_gym_weather() as (env_url, env_pid):
+        with (
+            stub_policy(args.latency) as (url, stub_pid),
+            nemo_gym_weather() as (env_url, env_pid),
+        ):
             n, c = args.episodes, args.concurrency
             for mode in args.modes.split(","):
                 if mode == "url":
@@ -496,6 +518,9 @@ def main() -> None:
                 )
                 engine["ratio_whole"] = round(
                     engine["whole_episodes_per_s"] / bare["whole_episodes_per_s"], 3
+                )
+                engine["cpu_ratio"] = round(
+                    engine["engine_side_cpu_ms_per_episode"] / bare["client_cpu_ms_per_episode"], 2
                 )
                 results[f"engine_{mode}"] = engine
     finally:

@@ -52,6 +52,7 @@ async def flaky_server():
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/v1/responses", chat)  # its failures are all these tests need
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -162,6 +163,19 @@ async def test_api_key_is_sent_but_never_in_errors(flaky_server, monkeypatch):
         await ask(client(url, max_retries=0, api_key_env="MY_POLICY_KEY"))
     assert state["auth"] == ["Bearer sk-secret-123"]
     assert "sk-secret-123" not in str(info.value)
+
+
+async def test_responses_api_failures_become_policy_errors(flaky_server):
+    """The Responses API goes through the openai SDK, imported only when first used: its
+    errors still end as PolicyError and PolicyTimeout, with the server's status."""
+    url, state = flaky_server
+    state["failures"] = [500, 500]
+    with pytest.raises(PolicyError, match="answered HTTP 500"):
+        await ask(client(url, api="responses", max_retries=1))
+    assert state["requests"] == 2
+    state["failures"] = ["hang"]
+    with pytest.raises(PolicyTimeout, match="timed out after 0.3s"):
+        await ask(client(url, api="responses", timeout_s=0.3, max_retries=0))
 
 
 def test_responses_api_against_ray_serve_llm_is_refused_at_config_time():

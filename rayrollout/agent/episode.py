@@ -179,9 +179,8 @@ class AgentEpisode:
         started = time.perf_counter()
         started_at = time.time()
         try:
-            result = await asyncio.wait_for(
-                self.session.call_tool(name, arguments), self.limits.tool_timeout_s
-            )
+            async with asyncio.timeout(self.limits.tool_timeout_s):  # no task per call
+                result = await self.session.call_tool(name, arguments)
         except TimeoutError:
             raise EpisodeEnd(
                 "timeout", f"tool '{name}' did not answer within {self.limits.tool_timeout_s}s"
@@ -227,9 +226,8 @@ class AgentEpisode:
         started_at = time.time()
         episode = Episode(task=self.task, messages=self.messages if messages is None else messages)
         try:
-            verdict = await asyncio.wait_for(
-                self.session.verify(episode), self.limits.verify_timeout_s
-            )
+            async with asyncio.timeout(self.limits.verify_timeout_s):
+                verdict = await self.session.verify(episode)
         except TimeoutError:
             raise EpisodeEnd(
                 "timeout", f"verifier did not answer within {self.limits.verify_timeout_s}s"

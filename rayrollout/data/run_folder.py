@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import IO, Any
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from rayrollout.data.folder_lock import LockHolder, acquire
@@ -278,6 +277,8 @@ class RunFolder:
         tables = []
         parquet = [p for p in paths if p.suffix == ".parquet"]
         if parquet:
+            import pyarrow.dataset as ds  # here: it imports pandas (0.3 s) into every agent
+
             try:
                 scan = ds.dataset([str(p) for p in parquet], format="parquet", schema=SCHEMA)
                 tables.append(scan.to_table(columns=columns))
@@ -374,6 +375,8 @@ def _parquet_batches(
     path: Path, columns: list[str], task_id: str | None, batch_size: int
 ) -> Iterator[pa.RecordBatch]:
     """A Parquet part's batches under the current schema (see the module's docstring)."""
+    import pyarrow.dataset as ds
+
     try:
         scan = ds.dataset(str(path), format="parquet", schema=SCHEMA)
         where = ds.field("task_id") == task_id if task_id is not None else None

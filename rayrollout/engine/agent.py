@@ -16,7 +16,6 @@ from typing import Any
 
 import ray
 from pydantic import SecretStr
-from ray import serve
 
 from rayrollout.agent import Agent
 from rayrollout.agent.episode import GatewayOpener
@@ -29,7 +28,6 @@ from rayrollout.environment import Environment
 from rayrollout.environment.nemo_gym.client import NemoGymConnections, RemoteEnvironment
 from rayrollout.environment.registry import environment_spec
 from rayrollout.environment.serve_batching import BatchingHandle
-from rayrollout.environment.server import environment_app_name
 from rayrollout.environment.sessions import (
     EnvSession,
     InlineSession,
@@ -108,6 +106,13 @@ class AgentRunner:
             return InlineSession(env_cls, spec.task, settings.args)
         handle = self.handles.get(env_name)
         if handle is None:
+            # Imported here, not at the top: Ray Serve and the environment server are about
+            # 0.7 s of imports in every agent, and a run with inline or URL environments
+            # never touches them (its first episode starts that much sooner).
+            from ray import serve
+
+            from rayrollout.environment.server import environment_app_name
+
             app = environment_app_name(self.config.namespace, env_name)
             # Results by value, not through the object store: about 40% less caller CPU per
             # call for the small payloads environments exchange (notes/ray-costs.md).

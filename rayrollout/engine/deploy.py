@@ -12,18 +12,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
-from ray import serve
-
 from rayrollout.auth import RouteAuth
 from rayrollout.data.config import RunConfig
-from rayrollout.engine.services import ensure_serve
 from rayrollout.environment.registry import environment_spec
-from rayrollout.environment.server import (
-    environment_app,
-    environment_app_name,
-    environment_deployment_options,
-    environment_route,
-)
 from rayrollout.environment.sessions import resolve_hosting
 
 __all__ = ["EnvironmentDeployer"]
@@ -60,6 +51,18 @@ class EnvironmentDeployer:
                 self.ready.add(name)  # its episodes end as errors naming the problem
                 return
             if resolve_hosting(settings, env_cls) == "serve":
+                # Imported here: Serve and the server module are 0.6 s of the engine's start,
+                # and a run with only inline or URL environments never needs them.
+                from ray import serve
+
+                from rayrollout.engine.services import ensure_serve
+                from rayrollout.environment.server import (
+                    environment_app,
+                    environment_app_name,
+                    environment_deployment_options,
+                    environment_route,
+                )
+
                 app = environment_app(
                     spec,
                     num_replicas=settings.replicas,

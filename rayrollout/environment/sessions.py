@@ -17,10 +17,9 @@ session: the episode's first call opens it (``open_first``) and verify releases 
 
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from ray.exceptions import RayActorError
-from ray.serve.handle import DeploymentHandle
 
 from rayrollout.data.config import EnvironmentConfig
 from rayrollout.data.schema import Task
@@ -28,6 +27,9 @@ from rayrollout.environment.contract import Environment, Episode, ToolResult, Ve
 from rayrollout.environment.serve_batching import BatchingHandle, raised_on_replica
 from rayrollout.environment.session_store import SessionNotOpen
 from rayrollout.errors import EnvironmentBoundaryError
+
+if TYPE_CHECKING:  # Serve costs an agent 0.6 s of imports at start; inline runs never use it
+    from ray.serve.handle import DeploymentHandle
 
 __all__ = [
     "EnvSession",
