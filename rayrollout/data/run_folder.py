@@ -277,7 +277,7 @@ class RunFolder:
         tables = []
         parquet = [p for p in paths if p.suffix == ".parquet"]
         if parquet:
-            import pyarrow.dataset as ds  # here: it imports pandas (0.3 s) into every agent
+            import pyarrow.dataset as ds  # here: it imports pandas (0.3 s) at an agent's start
 
             try:
                 scan = ds.dataset([str(p) for p in parquet], format="parquet", schema=SCHEMA)
