@@ -35,9 +35,17 @@ class FlakyPolicy:
     """
 
     def __init__(
-        self, fault_rate: float = 0.2, seed: int = 0, hang_s: float = 3.0, echo_key: bool = False
+        self,
+        fault_rate: float = 0.2,
+        seed: int = 0,
+        hang_s: float = 3.0,
+        echo_key: bool = False,
+        think_s: float = 0.0,
     ) -> None:
         self.fault_rate = fault_rate
+        self.think_s = think_s  # every answer takes this long, as a real model's would
+        self.in_flight = 0  # calls being answered now, and the most there ever were
+        self.most_in_flight = 0
         self.echo_key = echo_key  # error bodies quote the caller's key, as some servers do
         self.hang_s = hang_s
         self.random = random.Random(seed)
@@ -85,6 +93,14 @@ class FlakyPolicy:
         return None
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            return await self._answer(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
         self.requests += 1
         self.authorization.add(request.headers.get("Authorization", ""))
         body = await request.json()
@@ -105,6 +121,8 @@ class FlakyPolicy:
                 status=int(fault),
                 headers={"retry-after-ms": "20"},
             )
+        if self.think_s:
+            await asyncio.sleep(self.think_s)
         action = next_action(messages, body.get("tools") or [])
         answer = chat_completion(action, next(self._ids), body.get("model", "flaky"), 1, 1)
         return web.Response(text=json.dumps(answer), content_type="application/json")

@@ -49,3 +49,30 @@ async def test_a_slow_episode_does_not_hold_back_the_rest_of_its_chunk(tmp_path)
     [trajectory] = [Trajectory.from_row(row) for row in chunk.rows()]
     assert trajectory.task_id == "s1" and trajectory.status == "ok" and trajectory.reward == 1.0
     assert chunk.summaries[0]["status"] == "ok" and chunk.indices == [1]
+
+
+def test_agents_run_at_most_concurrency_episodes_though_more_wait_in_them(tmp_path, serve_session):
+    """The engine sends a chunk per agent beyond ``concurrency`` (so no slot idles while rows
+    make their round trip), but the agents' shares add up to ``concurrency``: a policy that
+    thinks 0.2 s per call sees exactly that many calls at once, never more."""
+    from rayrollout import RolloutEngine
+
+    with FlakyPolicy(fault_rate=0.0, think_s=0.2) as flaky:
+        config = RunConfig.model_validate(
+            {
+                "namespace": "admission-test",
+                "environments": {"echo": {"path": "fixture_envs:EchoEnv", "hosting": "inline"}},
+                "policy": {"kind": "openai", "base_url": flaky.base_url},
+                "agents": {"num_agents": 2, "num_cpus": 0.1},
+                "concurrency": 7,
+                "output": {"dir": str(tmp_path / "out")},
+                "ray": {"serve_port": serve_session},
+            }
+        )
+        tasks = [
+            {"task_id": f"say-{i}", "prompt": f"say {i}", "environment": "echo"} for i in range(60)
+        ]
+        with RolloutEngine(config) as engine:
+            result = engine.collect(tasks)
+    assert result.summary["total"]["statuses"] == {"ok": 60}
+    assert flaky.most_in_flight == 7

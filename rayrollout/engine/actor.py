@@ -31,7 +31,7 @@ from rayrollout.auth import RouteAuth, new_token
 from rayrollout.data.config import RunConfig
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.writer import PartWriter, make_sink
-from rayrollout.engine.agent import AgentActor, agent_name
+from rayrollout.engine.agent import AgentActor, agent_name, agent_share
 from rayrollout.engine.chunks import ChunkRows
 from rayrollout.engine.deploy import EnvironmentDeployer
 from rayrollout.engine.episode import EpisodeSpec, failed_trajectory
@@ -54,6 +54,14 @@ def chunk_size(concurrency: int, num_agents: int) -> int:
     """Most episodes per agent call: enough to amortize the call, few enough to spread the
     work over the agents."""
     return max(1, min(32, concurrency // (num_agents * 4)))
+
+
+def prefetch(concurrency: int, num_agents: int) -> int:
+    """Episodes sent to agents beyond ``concurrency``: one chunk per agent waits there, so an
+    agent starts its next episode the moment one ends instead of a round trip later (its
+    rows to the engine, the freed slot, the next chunk back). Agents still run at most
+    ``concurrency`` at once between them (``agent_share``)."""
+    return chunk_size(concurrency, num_agents) * num_agents
 
 
 # Ray's type stubs give ray.remote(...) task options only; max_concurrency is an actor's.
@@ -81,7 +89,13 @@ class EngineActor(TrainingLoopAPI):
                 namespace=config.namespace,
                 max_concurrency=100_000,
                 **agent_actor_options(config, {"num_cpus": config.agents.num_cpus}),
-            ).remote(agent_name(i), config, policy_url, policy_key)
+            ).remote(
+                agent_name(i),
+                config,
+                policy_url,
+                policy_key,
+                agent_share(config.concurrency, config.agents.num_agents, i),
+            )
             for i in range(config.agents.num_agents)
         ]
         out = config.output
@@ -120,7 +134,8 @@ class EngineActor(TrainingLoopAPI):
         """Wait for the agents and open the output; returns the agents' names."""
         names = await asyncio.gather(*(agent.ready.remote() for agent in self.agents))
         await asyncio.to_thread(self.sink.start)
-        self.slots = asyncio.Semaphore(self.config.concurrency)
+        concurrency, num_agents = self.config.concurrency, len(self.agents)
+        self.slots = asyncio.Semaphore(concurrency + prefetch(concurrency, num_agents))
         self.feeder = asyncio.create_task(self._feed())
         self.flusher = asyncio.create_task(self._flush_periodically())
         return list(names)
@@ -226,15 +241,17 @@ class EngineActor(TrainingLoopAPI):
         return table.take(keep)
 
     async def _feed(self) -> None:
-        """Send queued episodes to the least-loaded agent whenever slots are free."""
+        """Send queued episodes to the least-loaded agent whenever slots are free (slots are
+        ``concurrency`` plus the ``prefetch`` that waits in the agents)."""
         assert self.slots is not None
         while True:
             spec = await self.queue.get()
             await self.slots.acquire()
-            await asyncio.sleep(0)  # batches coming back free their slots first
             chunk = [spec]
-            while len(chunk) < self.chunk and not self.queue.empty() and not self.slots.locked():
-                await self.slots.acquire()  # free, so it does not wait
+            # A full chunk when the queue has one (one Ray call for more episodes), even if
+            # that waits for slots: the agents hold a chunk each in reserve (``prefetch``).
+            while len(chunk) < self.chunk and not self.queue.empty():
+                await self.slots.acquire()
                 chunk.append(self.queue.get_nowait())
             index = min(range(len(self.agents)), key=self.load.__getitem__)
             self.load[index] += len(chunk)

@@ -37,7 +37,7 @@ from rayrollout.environment.sessions import (
 from rayrollout.policy.client import PolicyClient
 from rayrollout.policy.gate import PauseMode, PolicyGate
 
-__all__ = ["AgentActor", "agent_name"]
+__all__ = ["AgentActor", "agent_name", "agent_share"]
 
 logger = logging.getLogger(__name__)
 _EPISODE_ATTEMPTS = 3  # tries of an episode whose environment replica died mid-episode
@@ -49,16 +49,30 @@ def agent_name(index: int) -> str:
     return f"agent:{index}"
 
 
+def agent_share(concurrency: int, num_agents: int, index: int) -> int:
+    """Episodes the i-th agent may run at once: the shares add up to ``concurrency``."""
+    return max(1, concurrency // num_agents + (1 if index < concurrency % num_agents else 0))
+
+
 class AgentRunner:
     """The agent's logic, usable without Ray (tests, benchmarks of the bare loop)."""
 
     def __init__(
-        self, name: str, config: RunConfig, policy_url: str, policy_key: SecretStr | None = None
+        self,
+        name: str,
+        config: RunConfig,
+        policy_url: str,
+        policy_key: SecretStr | None = None,
+        max_running: int | None = None,
     ) -> None:
         self.name = name
         self.config = config
         # One connection per episode this agent may hold in flight, so no call queues for one.
         per_agent = -(-config.concurrency // config.agents.num_agents)
+        # The engine sends more episodes than may run (so that no slot idles while a batch
+        # of rows makes its round trip to the engine and the next chunk comes back); this
+        # agent starts at most its share of ``concurrency`` at once, the rest wait here.
+        self.running = asyncio.Semaphore(max_running or per_agent)
         # Every model call passes the gate: pause/resume for weight updates, versions per turn.
         self.gate = PolicyGate(config.training.max_staleness)
         # The key as data, never in this process's environment (engine/secret_env.py): tool
@@ -123,6 +137,11 @@ class AgentRunner:
             handle, env_cls.is_stateful(), episode_id, spec.task, self.batchers[env_name]
         )
 
+    async def run_admitted(self, spec: EpisodeSpec) -> dict[str, Any]:
+        """``run_one`` once one of this agent's running slots is free."""
+        async with self.running:
+            return await self.run_one(spec)
+
     async def run_one(self, spec: EpisodeSpec) -> dict[str, Any]:
         """One episode; played again from the start (a new episode id) when its environment
         replica died under it or the policy moved on more than ``max_staleness`` versions,
@@ -181,7 +200,8 @@ class AgentRunner:
         if policy_state is not None:
             self.gate.sync(*policy_state)
         running = {
-            asyncio.ensure_future(self.run_one(spec)): index for index, spec in enumerate(specs)
+            asyncio.ensure_future(self.run_admitted(spec)): index
+            for index, spec in enumerate(specs)
         }
         while running:
             done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
@@ -198,14 +218,20 @@ class AgentActor:
 
     ``policy_key`` is the driver's policy API key (``secrets.policy_key``): the agent is
     the only process that calls the policy, so the only one given it. Ray keeps it with the
-    actor's constructor arguments, so a restarted agent has it again.
+    actor's constructor arguments, so a restarted agent has it again. ``max_running`` is
+    this agent's share of the run's ``concurrency`` (``agent_share``).
     """
 
     def __init__(
-        self, name: str, config: RunConfig, policy_url: str, policy_key: SecretStr | None = None
+        self,
+        name: str,
+        config: RunConfig,
+        policy_url: str,
+        policy_key: SecretStr | None = None,
+        max_running: int | None = None,
     ) -> None:
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
-        self.runner = AgentRunner(name, config, policy_url, policy_key)
+        self.runner = AgentRunner(name, config, policy_url, policy_key, max_running)
 
     async def run(
         self, specs: list[EpisodeSpec], policy_state: tuple[int, bool] | None = None
