@@ -15,8 +15,8 @@ policy's pool of its own with the engine's headers (``Authorization``, ``x-sessi
 and body (``tools``, ``tool_choice``, messages as the engine renders them, orjson); for the
 ``url`` mode also ``/seed_session`` with the whole row, ``/get_weather`` with the parsed
 arguments as JSON, ``/verify`` with the row and the whole Responses-API ``response``,
-``/close_session`` with the 0.7.0 body, each episode on its own ``ClientSession`` and cookie
-jar over one shared connector, as ``RemoteSession`` does.
+``/close_session`` with the 0.7.0 body (each encoded by orjson), each episode on its own
+``ClientSession`` and cookie jar over one shared connector, as ``RemoteSession`` does.
 
 Hosting modes: ``inline`` (the environment in the agents), ``serve`` (Serve replicas, called
 by deployment handles), ``serve-stateful`` (per-episode state, ``stateful_weather.py``: a
@@ -145,6 +145,7 @@ async def bare_loop(
     semaphore = asyncio.Semaphore(concurrency)
     url = f"{base_url}/chat/completions"
     policy_headers = {"Authorization": "Bearer not-needed", "Content-Type": "application/json"}
+    JSON = {"Content-Type": "application/json"}  # noqa: N806  # RemoteSession's, with orjson
     finished: list[float] = []
     seconds = {"model": 0.0, "tools": 0.0, "verify": 0.0, "setup_close": 0.0, "total": 0.0}
 
@@ -180,7 +181,9 @@ async def bare_loop(
             cookie_jar=aiohttp.CookieJar(unsafe=True),
             timeout=aiohttp.ClientTimeout(total=ENV_TIMEOUT_S),
         ) as env:
-            async with env.post(f"{env_url}/seed_session", json=seed) as response:
+            async with env.post(
+                f"{env_url}/seed_session", data=orjson.dumps(seed), headers=JSON
+            ) as response:
                 await response.text()
             seconds["setup_close"] += time.perf_counter() - began
             messages: list[dict[str, Any]] = [dict(params["input"][0])]
@@ -208,7 +211,7 @@ async def bare_loop(
                     started = time.perf_counter()
                     name, arguments = call["function"]["name"], call["function"]["arguments"]
                     async with env.post(
-                        f"{env_url}/{name}", json=json.loads(arguments)
+                        f"{env_url}/{name}", data=orjson.dumps(json.loads(arguments)), headers=JSON
                     ) as response:
                         result = await response.text()
                     seconds["tools"] += time.perf_counter() - started
@@ -252,14 +255,18 @@ async def bare_loop(
                 "tools": params["tools"],
             }
             async with env.post(
-                f"{env_url}/verify", json={**seed, "response": response_body}
+                f"{env_url}/verify",
+                data=orjson.dumps({**seed, "response": response_body}),
+                headers=JSON,
             ) as response:
                 reward = float(json.loads(await response.text())["reward"])
             closing = time.perf_counter()
             seconds["verify"] += closing - started
             close = {"resources_session_id": rollout, "episode_id": {"rollout_id": rollout}}
             close["episode_id"]["attempt"] = 0
-            async with env.post(f"{env_url}/close_session", json=close) as response:
+            async with env.post(
+                f"{env_url}/close_session", data=orjson.dumps(close), headers=JSON
+            ) as response:
                 await response.text()
         seconds["setup_close"] += time.perf_counter() - closing
         return reward

@@ -29,6 +29,7 @@ import uuid
 from typing import Any
 
 import aiohttp
+import orjson
 
 from rayrollout.auth import bearer_header, read_token_file
 from rayrollout.data.config import EnvironmentConfig
@@ -59,6 +60,7 @@ __all__ = [
 
 PROTOCOL_ROUTES = frozenset({"seed_session", "verify", "close_session", "aggregate_metrics"})
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+_JSON = {"Content-Type": "application/json"}
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 _NOT_DETAILS = frozenset({"reward", "response", "responses_create_params"})
 _BACKOFF_S = 0.25
@@ -178,11 +180,14 @@ class RemoteSession:
         """POST with retries; returns the last (status, text) unless it never connected."""
         url = f"{self.base_url}/{route}"
         client = self._client()
+        # orjson, not aiohttp's json= (the standard library's encoder): about a tenth of an
+        # agent's CPU per URL episode went to encoding these bodies.
+        data = orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
         attempts = self.config.max_retries + 1
         problem = ""
         for attempt in range(attempts):
             try:
-                async with client.post(url, json=body) as response:
+                async with client.post(url, data=data, headers=_JSON) as response:
                     text = await response.text()
                     if response.status not in _RETRY_STATUSES or attempt == attempts - 1:
                         # Said with an error: a retried /verify finds its session already
