@@ -233,3 +233,41 @@ def test_a_policy_kind_registered_twice_is_an_error_naming_both(monkeypatch, fre
     with pytest.raises(kinds.UnknownPolicyKindError) as raised:
         kinds.policy_kind("scripted")
     assert ours in str(raised.value) and theirs in str(raised.value)
+
+
+async def test_the_gate_retries_only_its_own_abort_and_lets_a_timeout_through():
+    """An aborted call runs in the episode's own task: the gate sends it again after resume,
+    but a timeout or cancel of the episode that lands during the call still ends it."""
+    from rayrollout.policy.client import PolicyReply
+    from rayrollout.policy.gate import PolicyGate
+
+    gate, sent = PolicyGate(), []
+
+    async def send() -> PolicyReply:
+        sent.append(gate.version)
+        await asyncio.sleep(0.3)
+        return PolicyReply(Message(role="assistant", content="hi"), Turn())
+
+    call = asyncio.create_task(gate.call("e1", [], send))
+    await asyncio.sleep(0.05)
+    assert await gate.pause("abort_and_retry") == 1 and gate.idle.is_set()
+    gate.resume(3)
+    reply = await call
+    assert sent == [0, 3] and reply.turn.policy_version == 3
+    assert gate.counts["aborted"] == 1 and not gate.calls
+
+    async def timed_out() -> None:
+        async with asyncio.timeout(0.1):
+            await gate.call("e2", [], send)
+
+    with pytest.raises(TimeoutError):
+        await timed_out()
+    # Both an abort and the episode's own cancel: the episode's wins, nothing is sent again.
+    call = asyncio.create_task(gate.call("e3", [], send))
+    await asyncio.sleep(0.05)
+    call.cancel()
+    await gate.pause("abort_and_retry")
+    gate.resume(4)
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert sent == [0, 3, 3, 3] and gate.counts["aborted"] == 1 and not gate.calls

@@ -173,7 +173,7 @@ _POLICY_CONFIG = typer.Option(
 _MODEL = typer.Option("--model", help="Model name sent to the endpoint.")
 _API = typer.Option("--api", help="chat (default) or responses.")
 _NUM_REPEATS = typer.Option("--num-repeats", "-n", help="Samples per task.")
-_CONCURRENCY = typer.Option("--concurrency", "-c", help="Episodes in flight at most.")
+_CONCURRENCY = typer.Option("--concurrency", "-c", help="Episodes running at once, at most.")
 _NUM_AGENTS = typer.Option("--num-agents", help="Agent actors.")
 _LIMIT = typer.Option("--limit", help="Read at most this many tasks.")
 _RESUME = typer.Option(

@@ -306,7 +306,13 @@ class RunConfig(_Config):
         default_factory=dict, description="Per-agent settings (path, args), by agent name."
     )
     num_repeats: int = Field(default=1, ge=1, description="Samples per task.")
-    concurrency: int = Field(default=256, ge=1, description="Episodes in flight at most.")
+    concurrency: int = Field(
+        default=256,
+        ge=1,
+        description=(
+            "Episodes running at once, at most (agents hold one more chunk each, waiting)."
+        ),
+    )
     limit: int | None = Field(default=None, ge=1, description="Read at most this many tasks.")
     resume: bool = Field(
         default=False, description="Skip (task_id, sample_index) pairs already written."

@@ -116,21 +116,26 @@ class PolicyGate:
                         f"policy version moved from {history[0].policy_version} to {version} "
                         f"during the episode (max_staleness {self.max_staleness})"
                     )
-            task = asyncio.ensure_future(send())
-            self.calls[task] = version
+            # The call runs in the caller's own task (no task of its own per call): an abort
+            # cancels that task, and ``uncancel`` tells our abort from any other cancel (the
+            # episode's timeout, a shutdown), which still propagates.
+            caller = asyncio.current_task()
+            assert caller is not None, "PolicyGate.call runs inside a task"
+            self.calls[caller] = version
             self.idle.clear()
             self.counts["calls"] += 1
             try:
-                reply = await task
+                reply = await send()
             except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if task in self.aborted and not (current and current.cancelling()):
-                    self.counts["aborted"] += 1
-                    continue  # aborted by pause(abort_and_retry): send again after resume
+                if caller in self.aborted:
+                    self.aborted.discard(caller)
+                    if caller.uncancel() == 0:  # our abort was the only cancel request
+                        self.counts["aborted"] += 1
+                        continue  # aborted by pause(abort_and_retry): sent again after resume
                 raise
             finally:
-                self.calls.pop(task, None)
-                self.aborted.discard(task)
+                self.calls.pop(caller, None)
+                self.aborted.discard(caller)
                 if not self.calls:
                     self.idle.set()
             reply.turn.policy_version = version
