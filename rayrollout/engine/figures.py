@@ -35,7 +35,7 @@ class RunSnapshot(Figures):
     """The current batch's figures: ``progress()`` while it runs, ``finish()`` at its end."""
 
     elapsed_s: float = Field(description="Seconds since the engine (or this batch) began.")
-    in_flight: int = Field(description="Episodes running now.")
+    in_flight: int = Field(description="Episodes on agents now (running, or waiting there).")
     episodes_per_s: float = Field(description="Finished episodes per second of elapsed time.")
     total: EnvStats = Field(description="Counters over every environment.")
     by_env: dict[str, EnvStats] = Field(description="Counters per environment name.")

@@ -65,7 +65,7 @@ class RunMetrics:
         )
         self.in_flight = metrics.Gauge(
             "rayrollout_episodes_in_flight",
-            "Episodes running on agents now.",
+            "Episodes on agents now: running, or waiting there for a running slot.",
             tag_keys=("namespace",),
         )
         self.reward = metrics.Histogram(
