@@ -76,3 +76,14 @@ def test_agents_run_at_most_concurrency_episodes_though_more_wait_in_them(tmp_pa
             result = engine.collect(tasks)
     assert result.summary["total"]["statuses"] == {"ok": 60}
     assert flaky.most_in_flight == 7
+
+
+def test_the_reserve_shrinks_as_episodes_get_longer():
+    """A chunk per agent before the first rows and for short episodes; for minute-long ones
+    about one episode, so a round's tail does not wait behind a busy agent's reserve."""
+    from rayrollout.engine.actor import reserve
+
+    assert reserve(256, 2, None) == 128 == reserve(256, 2, 0.07)  # 2 chunks of 64
+    assert reserve(256, 2, 0.28) == 92  # 256 x 0.1 s / 0.28 s, rounded up
+    assert reserve(256, 2, 60.0) == 1
+    assert reserve(7, 2, None) == 2  # chunks of one when concurrency is small

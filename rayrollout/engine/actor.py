@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import time
 from typing import Any
 
@@ -46,6 +47,7 @@ from rayrollout.engine.weights import WeightSync
 __all__ = ["ENGINE_NAME", "EngineActor"]
 
 ENGINE_NAME = "engine"
+_RESERVE_S = 0.1  # the round trip an agent's reserve covers (engine.reserve)
 _RESEND_BACKOFF_S = (0.5, 1.0, 2.0, 4.0)  # then every 4 s until agents.restart_deadline_s
 logger = logging.getLogger(__name__)
 
@@ -57,12 +59,22 @@ def chunk_size(concurrency: int, num_agents: int) -> int:
     return max(1, min(64, concurrency // (num_agents * 2)))
 
 
-def prefetch(concurrency: int, num_agents: int) -> int:
-    """Episodes sent to agents beyond ``concurrency``: one chunk per agent waits there, so an
-    agent starts its next episode the moment one ends instead of a round trip later (its
-    rows to the engine, the freed slot, the next chunk back). Agents still run at most
-    ``concurrency`` at once between them (``agent_share``)."""
-    return chunk_size(concurrency, num_agents) * num_agents
+def reserve(concurrency: int, num_agents: int, episode_s: float | None) -> int:
+    """Episodes sent to agents beyond ``concurrency``, waiting there, so that an agent starts
+    its next episode the moment one ends instead of a round trip later (its rows to the
+    engine, the freed slot, the next chunk back). Agents still run at most ``concurrency``
+    at once between them (``agent_share``).
+
+    As many as finish within ``_RESERVE_S`` at the run's mean episode time (``episode_s``;
+    None before the first rows: a chunk per agent), at most a chunk per agent. Long episodes
+    need almost none, and must not get more: an episode waiting in a busy agent cannot move
+    to another agent's free slot, so a big reserve would stretch the tail of a round of
+    minute-long episodes.
+    """
+    most = chunk_size(concurrency, num_agents) * num_agents
+    if not episode_s:
+        return most
+    return min(most, math.ceil(concurrency * _RESERVE_S / episode_s))
 
 
 # Ray's type stubs give ray.remote(...) task options only; max_concurrency is an actor's.
@@ -118,7 +130,8 @@ class EngineActor(TrainingLoopAPI):
         self.feeder: asyncio.Task[None] | None = None
         self.calls: set[asyncio.Task[None]] = set()  # agent calls in flight
         self.load = [0] * len(self.agents)  # episodes in flight per agent
-        self.slots: asyncio.Semaphore | None = None
+        self.room = asyncio.Event()  # set when an episode ends: the feeder may send more
+        self.episode_s: float | None = None  # mean episode seconds, recent rows weigh more
         self.flusher: asyncio.Task[None] | None = None
         self.failure: BaseException | None = None
         self.submitted = 0
@@ -135,8 +148,6 @@ class EngineActor(TrainingLoopAPI):
         """Wait for the agents and open the output; returns the agents' names."""
         names = await asyncio.gather(*(agent.ready.remote() for agent in self.agents))
         await asyncio.to_thread(self.sink.start)
-        concurrency, num_agents = self.config.concurrency, len(self.agents)
-        self.slots = asyncio.Semaphore(concurrency + prefetch(concurrency, num_agents))
         self.feeder = asyncio.create_task(self._feed())
         self.flusher = asyncio.create_task(self._flush_periodically())
         return list(names)
@@ -242,24 +253,32 @@ class EngineActor(TrainingLoopAPI):
         return table.take(keep)
 
     async def _feed(self) -> None:
-        """Send queued episodes to the least-loaded agent whenever slots are free (slots are
-        ``concurrency`` plus the ``prefetch`` that waits in the agents)."""
-        assert self.slots is not None
+        """Send queued episodes to the least-loaded agent while fewer than ``concurrency``
+        plus the agents' ``reserve`` are out."""
         while True:
-            spec = await self.queue.get()
-            await self.slots.acquire()
-            chunk = [spec]
+            chunk = [await self.queue.get()]
+            await self._room_for(chunk)
             # A full chunk when the queue has one (one Ray call for more episodes), even if
-            # that waits for slots: the agents hold a chunk each in reserve (``prefetch``).
+            # that waits for room: the agents hold a reserve meanwhile.
             while len(chunk) < self.chunk and not self.queue.empty():
-                await self.slots.acquire()
                 chunk.append(self.queue.get_nowait())
+                await self._room_for(chunk)
             index = min(range(len(self.agents)), key=self.load.__getitem__)
             self.load[index] += len(chunk)
             self.run_stats.in_flight += len(chunk)
             call = asyncio.create_task(self._run_chunk(index, chunk))
             self.calls.add(call)
             call.add_done_callback(self.calls.discard)
+
+    async def _room_for(self, chunk: list[EpisodeSpec]) -> None:
+        """Wait until ``chunk`` fits beside the episodes already out."""
+        concurrency = self.config.concurrency
+        while True:
+            limit = concurrency + reserve(concurrency, len(self.agents), self.episode_s)
+            if self.run_stats.in_flight + len(chunk) <= limit:
+                return
+            self.room.clear()
+            await self.room.wait()
 
     async def _run_chunk(self, index: int, chunk: list[EpisodeSpec]) -> None:
         """One streaming agent call. A dead or restarting agent gets the episodes it had not
@@ -300,11 +319,13 @@ class EngineActor(TrainingLoopAPI):
 
     async def _finish(self, index: int, specs: list[EpisodeSpec], result: ChunkRows) -> None:
         """Free the slots of finished episodes; count, deliver and write their rows."""
-        assert self.slots is not None
         self.load[index] -= len(specs)
         self.run_stats.in_flight -= len(specs)
-        for _ in specs:
-            self.slots.release()
+        self.room.set()
+        seconds = [s["metrics"]["seconds_total"] for s in result.summaries]
+        if seconds:
+            mean = sum(seconds) / len(seconds)
+            self.episode_s = mean if self.episode_s is None else 0.8 * self.episode_s + 0.2 * mean
         self.run_stats.add(result.summaries)
         self.metrics.on_rows(result.summaries, self.run_stats.in_flight, self.writer.buffered_rows)
         try:
