@@ -2,12 +2,12 @@
 
 Named ``engine`` in the run's namespace, so drivers and training loops find it with
 ``ray.get_actor("engine", namespace=NS)``. Work arrives through ``submit`` (which waits while
-the queue is full: backpressure, not timeouts); a feeder takes chunks off the queue as
-episode slots (``concurrency``) free up and sends each to the least-loaded agent in one Ray
-call. The agent streams a chunk's rows back as its episodes finish (a Ray streaming
-generator), so a slow episode never holds its chunk's finished slots; each batch goes to
-the writer as it arrives. If the agent dies, only the episodes it had not yet handed back
-are sent again, so no row is written twice.
+the queue is full: backpressure, not timeouts); a feeder takes chunks off the queue while
+fewer than ``concurrency`` episodes plus the agents' ``reserve`` are out, and sends each to
+the least-loaded agent in one Ray call. The agent streams a chunk's rows back as its
+episodes finish (a Ray streaming generator), so a slow episode never holds its chunk's
+finished slots; each batch goes to the writer as it arrives. If the agent dies, only the
+episodes it had not yet handed back are sent again, so no row is written twice.
 
 The actor's other two jobs have their own modules: the training-loop methods (``generate``,
 ``pause``, ``resume``, ``update_weights``, ``stats``) in ``training``, and putting
