@@ -310,7 +310,7 @@ class RunConfig(_Config):
         default=256,
         ge=1,
         description=(
-            "Episodes running at once, at most (agents hold one more chunk each, waiting)."
+            "Episodes running at once, at most (agents may hold up to a chunk more each, waiting)."
         ),
     )
     limit: int | None = Field(default=None, ge=1, description="Read at most this many tasks.")

@@ -127,8 +127,7 @@ class PolicyGate:
             try:
                 reply = await send()
             except asyncio.CancelledError:
-                if caller in self.aborted:
-                    self.aborted.discard(caller)
+                if caller in self.aborted:  # (``finally`` forgets it either way)
                     if caller.uncancel() == 0:  # our abort was the only cancel request
                         self.counts["aborted"] += 1
                         continue  # aborted by pause(abort_and_retry): sent again after resume
