@@ -31,8 +31,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def serve_stub(port: int, latency_s: float) -> None:
-    """Run the stub policy until killed (the body of ``python common.py stub PORT LATENCY``)."""
+def spend_cpu(ms: float) -> None:
+    """Busy for ``ms`` of this process's CPU time: the work a real server does per request
+    (validating, rendering, scoring), so that a benchmark can price its servers."""
+    end = time.process_time() + ms / 1000
+    while time.process_time() < end:
+        pass
+
+
+def serve_stub(port: int, latency_s: float, cpu_ms: float = 0.0) -> None:
+    """Run the stub policy until killed (``python common.py stub LATENCY [CPU_MS] PORT``).
+
+    ``cpu_ms`` is CPU spent per call besides the stub's own, as a heavier policy server's.
+    """
     from aiohttp import web
     from rayrollout.deployments.scripted.server import chat_completion
     from rayrollout.deployments.scripted.strategy import next_action
@@ -41,6 +52,8 @@ def serve_stub(port: int, latency_s: float) -> None:
 
     async def chat(request: web.Request) -> web.Response:
         body = await request.json()
+        if cpu_ms:
+            spend_cpu(cpu_ms)
         if latency_s:
             await asyncio.sleep(latency_s)
         action = next_action(body.get("messages") or [], body.get("tools") or [])
@@ -79,18 +92,19 @@ def server_process(args: list[str], what: str) -> Iterator[tuple[int, int]]:
 
 
 @contextmanager
-def stub_policy(latency_s: float = 0.0) -> Iterator[tuple[str, int]]:
+def stub_policy(latency_s: float = 0.0, cpu_ms: float = 0.0) -> Iterator[tuple[str, int]]:
     """Start the stub in its own process; yields (base_url, pid)."""
     here = os.path.abspath(__file__)
-    with server_process([here, "stub", str(latency_s)], "stub policy") as (port, pid):
+    args = [here, "stub", str(latency_s), str(cpu_ms)]
+    with server_process(args, "stub policy") as (port, pid):
         yield f"http://127.0.0.1:{port}/v1", pid
 
 
 @contextmanager
-def nemo_gym_weather() -> Iterator[tuple[str, int]]:
+def nemo_gym_weather(cpu_ms: float = 0.0) -> Iterator[tuple[str, int]]:
     """Start the weather resources server (``nemo_gym_server.py``); yields (url, pid)."""
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nemo_gym_server.py")
-    with server_process([script], "NeMo Gym weather server") as (port, pid):
+    with server_process([script, str(cpu_ms)], "NeMo Gym weather server") as (port, pid):
         yield f"http://127.0.0.1:{port}", pid
 
 
@@ -188,8 +202,9 @@ def emit(result: dict[str, Any]) -> None:
     os.write(_JSON_STDOUT[0] if _JSON_STDOUT else 1, text.encode())
 
 
-if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "stub":
-    serve_stub(int(sys.argv[3]), float(sys.argv[2]))
+if __name__ == "__main__" and len(sys.argv) in (4, 5) and sys.argv[1] == "stub":
+    cpu_ms = float(sys.argv[3]) if len(sys.argv) == 5 else 0.0
+    serve_stub(int(sys.argv[-1]), float(sys.argv[2]), cpu_ms)
 
 
 def weather_tasks(n: int, prefix: str = "w") -> list[dict[str, Any]]:

@@ -6,7 +6,10 @@ FastAPI) so that the benchmark measures the engine's client side, not a slow ser
 ``POST /seed_session`` sets a session cookie, ``/get_weather`` runs the tool, ``/verify``
 scores the Responses-API episode and ends the session, ``/close_session`` drops it.
 
-    python benchmarks/nemo_gym_server.py PORT
+    python benchmarks/nemo_gym_server.py [CPU_MS] PORT
+
+``CPU_MS`` (default 0) is CPU spent on every request besides the server's own work, as a
+server that validates and scores with heavier models would (``overhead.py --server-cpu-ms``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import uuid
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
+from common import spend_cpu
 from rayrollout.environments.weather.env import WeatherEnv
 
 from rayrollout.data.responses import items_to_messages
@@ -26,7 +31,7 @@ from rayrollout.environment import Episode
 COOKIE = "session"
 
 
-def make_app() -> web.Application:
+def make_app(cpu_ms: float = 0.0) -> web.Application:
     sessions: dict[str, WeatherEnv] = {}
 
     def task_of(row: dict[str, Any]) -> Task:
@@ -68,7 +73,12 @@ def make_app() -> web.Application:
         sessions.pop(request.cookies.get(COOKIE, ""), None)
         return web.json_response({})
 
-    app = web.Application()
+    @web.middleware
+    async def spend(request: web.Request, handler: Handler) -> web.StreamResponse:
+        spend_cpu(cpu_ms)
+        return await handler(request)
+
+    app = web.Application(middlewares=[spend] if cpu_ms else [])
     for route, handler in (
         ("/seed_session", seed_session),
         ("/get_weather", get_weather),
@@ -81,9 +91,9 @@ def make_app() -> web.Application:
 
 if __name__ == "__main__":
     web.run_app(
-        make_app(),
+        make_app(float(sys.argv[1]) if len(sys.argv) > 2 else 0.0),
         host="127.0.0.1",
-        port=int(sys.argv[1]),
+        port=int(sys.argv[-1]),
         print=None,
         access_log=None,
         backlog=4096,

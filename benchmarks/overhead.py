@@ -40,6 +40,7 @@ rest, session set-up and close included), set beside the bare loop's own per-cal
 
     python benchmarks/overhead.py                 # full run (20,000 rows, 256 in flight; 2-3 min)
     python benchmarks/overhead.py --latency 0.1   # the policy thinks 100 ms a call, as a model does
+    python benchmarks/overhead.py --server-cpu-ms 0.45  # servers that work 0.45 ms a request
     python benchmarks/overhead.py --smoke         # seconds; CI checks it still works
 
 Where the gap comes from is in the CPU figures: ``client_cpu_ms_per_episode`` is the bare
@@ -479,6 +480,13 @@ def main() -> None:
         help="seconds the stub policy thinks per call (0: a policy that costs nothing)",
     )
     parser.add_argument(
+        "--server-cpu-ms",
+        type=float,
+        default=0.0,
+        help="CPU ms each server (stub policy, NeMo Gym server) spends per request besides its "
+        "own work, as heavier servers do (0: the cheapest servers, the engine's CPU matters most)",
+    )
+    parser.add_argument(
         "--smoke", action="store_true", help="tiny run to check the benchmark works"
     )
     parser.add_argument("--bare", metavar="POLICY_URL", help=argparse.SUPPRESS)
@@ -500,6 +508,7 @@ def main() -> None:
         "concurrency": args.concurrency,
         "agents": args.agents,
         "policy_latency_s": args.latency,
+        "server_cpu_ms_per_request": args.server_cpu_ms,
         "machine": f"{os.cpu_count()} cores",
         "load_average_before": [round(x, 2) for x in os.getloadavg()],
         "steady": f"episodes/s between the {STEADY[0]:.0%} and {STEADY[1]:.0%} finishes",
@@ -507,8 +516,8 @@ def main() -> None:
     }
     try:
         with (
-            stub_policy(args.latency) as (url, stub_pid),
-            nemo_gym_weather() as (env_url, env_pid),
+            stub_policy(args.latency, args.server_cpu_ms) as (url, stub_pid),
+            nemo_gym_weather(args.server_cpu_ms) as (env_url, env_pid),
         ):
             n, c = args.episodes, args.concurrency
             for mode in args.modes.split(","):

@@ -5,6 +5,7 @@ import pyarrow.parquet as pq
 import pytest
 from trajectories import one_tool_episode
 
+from rayrollout.data.convert import json_or_text
 from rayrollout.data.schema import (
     Message,
     Task,
@@ -67,3 +68,23 @@ def test_task_needs_a_system_or_user_message_with_text():
 def test_stable_task_id_depends_only_on_content():
     assert stable_task_id({"a": 1, "b": 2}) == stable_task_id({"b": 2, "a": 1})
     assert stable_task_id({"a": 1}) != stable_task_id({"a": 2})
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "expected"),
+    [
+        ('"sunny, 21 C"', str, "sunny, 21 C"),  # a tool's JSON string, unwrapped
+        (' \n"sunny"', str, "sunny"),  # JSON may start with whitespace
+        ("The weather in Oslo is fog.", str, "The weather in Oslo is fog."),  # plain text
+        ('{"city": "Oslo"}', str, '{"city": "Oslo"}'),  # JSON, not a string: the text
+        ('"unterminated', str, '"unterminated'),  # looks like JSON, is not
+        ('"a" "b"', str, '"a" "b"'),
+        ('{"city": "Oslo"}', dict, {"city": "Oslo"}),
+        ('  {"n": 1}', dict, {"n": 1}),
+        ('"Oslo"', dict, '"Oslo"'),
+        ("[1, 2]", list, [1, 2]),
+        ("", str, ""),
+    ],
+)
+def test_json_or_text_decodes_only_text_that_holds_the_kind(text, kind, expected):
+    assert json_or_text(text, kind) == expected

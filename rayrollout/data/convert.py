@@ -83,8 +83,16 @@ def json_or_text(text: str, kind: type) -> Any:
     output unwrapped (``str``) for the model: text that is not JSON, or JSON of another
     kind, stays the text it was.
     """
+    # Text that cannot hold the kind is not parsed: a tool's plain-text answer, the common
+    # case on every NeMo Gym tool call, would otherwise cost a failed parse and its error.
+    opener = _JSON_OPENERS.get(kind)
+    if opener is not None and not text.lstrip().startswith(opener):
+        return text
     try:
         value = json.loads(text)
     except ValueError:
         return text
     return value if isinstance(value, kind) else text
+
+
+_JSON_OPENERS: dict[type, str] = {str: '"', dict: "{", list: "["}

@@ -22,7 +22,6 @@ both directions:
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import re
 import uuid
@@ -253,7 +252,7 @@ class RemoteSession:
         if status >= 400:
             raise self._fail("verify", status, text)
         try:
-            answer = json.loads(text)
+            answer = orjson.loads(text)  # it echoes the whole request: a tenth of json's time
             reward = float(answer["reward"])
         except (ValueError, TypeError, KeyError):
             raise NemoGymError(
