@@ -40,7 +40,7 @@ def spend_cpu(ms: float) -> None:
 
 
 def serve_stub(port: int, latency_s: float, cpu_ms: float = 0.0) -> None:
-    """Run the stub policy until killed (``python common.py stub LATENCY [CPU_MS] PORT``).
+    """Run the stub policy until killed (``python common.py stub LATENCY CPU_MS PORT``).
 
     ``cpu_ms`` is CPU spent per call besides the stub's own, as a heavier policy server's.
     """
@@ -202,9 +202,8 @@ def emit(result: dict[str, Any]) -> None:
     os.write(_JSON_STDOUT[0] if _JSON_STDOUT else 1, text.encode())
 
 
-if __name__ == "__main__" and len(sys.argv) in (4, 5) and sys.argv[1] == "stub":
-    cpu_ms = float(sys.argv[3]) if len(sys.argv) == 5 else 0.0
-    serve_stub(int(sys.argv[-1]), float(sys.argv[2]), cpu_ms)
+if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "stub":
+    serve_stub(int(sys.argv[4]), float(sys.argv[2]), float(sys.argv[3]))
 
 
 def weather_tasks(n: int, prefix: str = "w") -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ from flaky_policy import FlakyPolicy
 from rayrollout import RunConfig
 from rayrollout.data.schema import Trajectory
 from rayrollout.data.tasks import parse_task_row
+from rayrollout.engine.actor import reserve
 from rayrollout.engine.agent import AgentRunner
 from rayrollout.engine.chunks import ChunkRows
 from rayrollout.engine.episode import EpisodeSpec
@@ -81,8 +82,6 @@ def test_agents_run_at_most_concurrency_episodes_though_more_wait_in_them(tmp_pa
 def test_the_reserve_shrinks_as_episodes_get_longer():
     """A chunk per agent before the first rows and for short episodes; for minute-long ones
     about one episode, so a round's tail does not wait behind a busy agent's reserve."""
-    from rayrollout.engine.actor import reserve
-
     assert reserve(256, 2, None) == 128 == reserve(256, 2, 0.07)  # 2 chunks of 64
     assert reserve(256, 2, 0.28) == 92  # 256 x 0.1 s / 0.28 s, rounded up
     assert reserve(256, 2, 60.0) == 1

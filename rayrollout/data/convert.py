@@ -76,6 +76,10 @@ def responses_output_to_message(output: list[dict[str, Any]]) -> Message:
     return Message(role="assistant", content="".join(texts) or None, tool_calls=calls or None)
 
 
+# The first character of JSON text that holds each kind: text starting otherwise cannot.
+_JSON_OPENERS: dict[type, str] = {str: '"', dict: "{", list: "["}
+
+
 def json_or_text(text: str, kind: type) -> Any:
     """``text`` decoded from JSON when it holds a ``kind``, else ``text`` as it is.
 
@@ -93,6 +97,3 @@ def json_or_text(text: str, kind: type) -> Any:
     except ValueError:
         return text
     return value if isinstance(value, kind) else text
-
-
-_JSON_OPENERS: dict[type, str] = {str: '"', dict: "{", list: "["}
