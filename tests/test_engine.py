@@ -215,3 +215,38 @@ def test_time_before_the_start_and_in_the_writer_is_accounted(tmp_path, serve_se
     assert stats["mean_queued_s"] == pytest.approx(sum(queued) / 8, rel=1e-6)
     assert set(stats["time_split"]) == {"model", "tools", "verify", "other"}
     assert stats["time_split"]["model"] > 0.5  # the 0.2 s calls dominate an echo episode
+
+
+def test_engine_agents_and_environment_replicas_run_with_a_tuned_collector(tmp_path, serve_session):
+    """Each process that plays episodes froze its start-up heap and raised the young
+    threshold (``gc_tuning``); at CPython's defaults an agent spent a fifth of its CPU in
+    the collector. The driver, the user's process, keeps its own settings."""
+    import gc
+
+    from rayrollout.engine.agent import agent_name
+    from rayrollout.gc_tuning import YOUNG_THRESHOLD
+
+    def collector(actor):
+        return ray.get(
+            actor.__ray_call__.remote(lambda self: (gc.get_threshold()[0], gc.get_freeze_count()))
+        )
+
+    cfg = config(tmp_path, serve_session)
+    tasks = [{"task_id": "c0", "prompt": "count 0", "environment": "counter"}]
+    with RolloutEngine(cfg) as engine:
+        assert engine.collect(tasks).trajectories()[0].status == "ok"
+        agents = [
+            ray.get_actor(agent_name(i), namespace=cfg.namespace)
+            for i in range(cfg.agents.num_agents)
+        ]
+        replicas = [
+            ray.get_actor(actor["name"], namespace=actor["namespace"])
+            for actor in ray.util.list_named_actors(all_namespaces=True)
+            if actor["name"].startswith("SERVE_REPLICA::engine-tests.env.counter#")
+        ]
+        assert len(replicas) == 2
+        for actor in [engine.engine, *agents, *replicas]:
+            threshold, frozen = collector(actor)
+            assert threshold == YOUNG_THRESHOLD
+            assert frozen > 10_000  # modules, classes, Ray's worker state
+    assert gc.get_threshold()[0] != YOUNG_THRESHOLD

@@ -25,6 +25,7 @@ PACKAGE = ROOT / "rayrollout"
 RANKS = {
     "errors": 0,
     "auth": 0,
+    "gc_tuning": 0,
     "data": 1,
     "environment": 2,
     "policy": 2,

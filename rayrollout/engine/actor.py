@@ -43,6 +43,7 @@ from rayrollout.engine.placement import agent_actor_options
 from rayrollout.engine.stats import RunStats
 from rayrollout.engine.training import TrainingLoopAPI
 from rayrollout.engine.weights import WeightSync
+from rayrollout.gc_tuning import tune_gc
 
 __all__ = ["ENGINE_NAME", "EngineActor"]
 
@@ -143,6 +144,7 @@ class EngineActor(TrainingLoopAPI):
         self.sampling = SamplingCounts()
         self.waiters: dict[int, _Waiter] = {}  # id(spec) -> the generate() call awaiting it
         self.next_sample: dict[str, int] | None = None  # read from the folder when first needed
+        tune_gc()  # it takes every row of the run; see gc_tuning
 
     async def start(self) -> list[str]:
         """Wait for the agents and open the output; returns the agents' names."""

@@ -34,6 +34,7 @@ from rayrollout.environment.sessions import (
     ServeSession,
     resolve_hosting,
 )
+from rayrollout.gc_tuning import tune_gc
 from rayrollout.policy.client import PolicyClient
 from rayrollout.policy.gate import PauseMode, PolicyGate
 
@@ -232,6 +233,7 @@ class AgentActor:
     ) -> None:
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
         self.runner = AgentRunner(name, config, policy_url, policy_key, max_running)
+        tune_gc()  # about a fifth of an agent's CPU went to the collector (gc_tuning)
 
     async def run(
         self, specs: list[EpisodeSpec], policy_state: tuple[int, bool] | None = None

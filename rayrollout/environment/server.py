@@ -31,6 +31,7 @@ from rayrollout.environment.registry import EnvironmentSpec, environment_spec
 from rayrollout.environment.serve_batching import run_batch
 from rayrollout.environment.session_store import SessionStore
 from rayrollout.environment.sessions import EnvironmentSetupFailed
+from rayrollout.gc_tuning import tune_gc
 
 __all__ = [
     "EnvironmentServer",
@@ -75,6 +76,7 @@ class EnvironmentServer(NemoGymRoutes):
         self.self_handle: DeploymentHandle | None = None
         # With one replica every session lives here: HTTP calls need no routing hop.
         self.route_locally = single_replica
+        tune_gc()  # a replica churns through episodes as an agent does (gc_tuning)
 
     def _new(self, task: Task) -> Environment:
         """A new instance for one episode (or one stateless call), built with the spec's args."""
