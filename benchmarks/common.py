@@ -108,6 +108,30 @@ def nemo_gym_weather(cpu_ms: float = 0.0) -> Iterator[tuple[str, int]]:
         yield f"http://127.0.0.1:{port}", pid
 
 
+@contextmanager
+def nemo_gym_own_server(name: str) -> Iterator[tuple[str, int]]:
+    """NeMo Gym 0.7.0's own resources server ``name`` (e.g. ``example_single_tool_call``,
+    its weather tool), started by its ``ng_run`` from ``.venv-nemo-gym`` as the ``nemo_gym``
+    test tier does (``bash .ci/nemo_gym`` builds that venv); yields (url, the server's pid).
+    Its access log is off, as in production."""
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parents[1] / "tests" / "nemo_gym"
+    sys.path.insert(0, str(tests))
+    from ngrun import NG_SRC, NemoGymRun, resources_server_block  # the tier's own helper
+
+    if not NG_SRC.is_dir():
+        raise SystemExit(
+            f"--nemo-gym-server needs NeMo Gym's venv at {NG_SRC.parent}: run "
+            "`bash .ci/nemo_gym` first (it builds the venv, then runs its tier)"
+        )
+    port = free_port()
+    block = resources_server_block(name, port)
+    with tempfile.TemporaryDirectory(prefix="overhead-ng-") as workdir:
+        with NemoGymRun(block, Path(workdir), access_log=False) as run:
+            yield f"http://127.0.0.1:{port}", run.server_pid(next(iter(block)))
+
+
 def _stat(pid: int) -> tuple[int, float] | None:
     """(parent pid, CPU seconds) of a live process, from /proc."""
     try:
@@ -149,6 +173,7 @@ _ROLES = (  # (substring of the command line, role), first match wins
     ("EnvironmentServer", "environment replicas"),
     ("common.py stub", "policy stub"),
     ("nemo_gym_server.py", "NeMo Gym server"),
+    ("app.py", "NeMo Gym server"),  # NeMo Gym's own (``--nemo-gym-server``): ng_run's entrypoint
 )
 
 

@@ -41,6 +41,8 @@ rest, session set-up and close included), set beside the bare loop's own per-cal
     python benchmarks/overhead.py                 # full run (20,000 rows, 256 in flight; 2-3 min)
     python benchmarks/overhead.py --latency 0.1   # the policy thinks 100 ms a call, as a model does
     python benchmarks/overhead.py --server-cpu-ms 0.45  # servers that work 0.45 ms a request
+    python benchmarks/overhead.py --modes url --nemo-gym-server example_single_tool_call
+                                                  # by URL against NeMo Gym's own weather server
     python benchmarks/overhead.py --smoke         # seconds; CI checks it still works
 
 Where the gap comes from is in the CPU figures: ``client_cpu_ms_per_episode`` is the bare
@@ -70,6 +72,7 @@ from common import (  # noqa: E402
     cpu_ms_per_episode,
     emit,
     keep_stdout_for_json,
+    nemo_gym_own_server,
     nemo_gym_weather,
     start_ray,
     stop_ray,
@@ -487,6 +490,14 @@ def main() -> None:
         "own work, as heavier servers do (0: the cheapest servers, the engine's CPU matters most)",
     )
     parser.add_argument(
+        "--nemo-gym-server",
+        metavar="NAME",
+        help="play the url mode against NeMo Gym 0.7.0's own resources server NAME "
+        "(example_single_tool_call: its weather tool), started by its ng_run from "
+        ".venv-nemo-gym (bash .ci/nemo_gym builds it), instead of nemo_gym_server.py; "
+        "--server-cpu-ms then applies to the stub policy only",
+    )
+    parser.add_argument(
         "--smoke", action="store_true", help="tiny run to check the benchmark works"
     )
     parser.add_argument("--bare", metavar="POLICY_URL", help=argparse.SUPPRESS)
@@ -509,6 +520,7 @@ def main() -> None:
         "agents": args.agents,
         "policy_latency_s": args.latency,
         "server_cpu_ms_per_request": args.server_cpu_ms,
+        "nemo_gym_server": args.nemo_gym_server or "benchmarks/nemo_gym_server.py",
         "machine": f"{os.cpu_count()} cores",
         "load_average_before": [round(x, 2) for x in os.getloadavg()],
         "steady": f"episodes/s between the {STEADY[0]:.0%} and {STEADY[1]:.0%} finishes",
@@ -517,7 +529,11 @@ def main() -> None:
     try:
         with (
             stub_policy(args.latency, args.server_cpu_ms) as (url, stub_pid),
-            nemo_gym_weather(args.server_cpu_ms) as (env_url, env_pid),
+            (
+                nemo_gym_own_server(args.nemo_gym_server)
+                if args.nemo_gym_server
+                else nemo_gym_weather(args.server_cpu_ms)
+            ) as (env_url, env_pid),
         ):
             n, c = args.episodes, args.concurrency
             for mode in args.modes.split(","):

@@ -104,9 +104,14 @@ class NemoGymRun:
     """
 
     def __init__(
-        self, blocks: dict[str, Any], workdir: Path, extra_env: dict[str, str] | None = None
+        self,
+        blocks: dict[str, Any],
+        workdir: Path,
+        extra_env: dict[str, str] | None = None,
+        access_log: bool = True,
     ) -> None:
         self.blocks = blocks
+        self.access_log = access_log
         self.extra_env = extra_env or {}
         self.workdir = workdir
         self.head_port = free_port()
@@ -143,9 +148,9 @@ class NemoGymRun:
             "+skip_venv_if_present=true",
             f"+uv_venv_dir={self._venv_links()}",
             f"+head_server={{host: 127.0.0.1, port: {self.head_port}}}",
-            # Access-log lines for 200s too: tests count the requests each server answered.
-            "+uvicorn_logging_show_200_ok=true",
         ]
+        if self.access_log:  # lines for 200s too: tests count the requests each server answered
+            command.append("+uvicorn_logging_show_200_ok=true")
         log = self.log_path.open("wb")
         self.process = subprocess.Popen(
             command,
