@@ -249,13 +249,17 @@ class NemoGymRoutes:
         try:
             if scratch:
                 await handle.open.remote(key, task)
-            verification = await _assigned(lambda: handle.verify.remote(key, episode), "verify")
+            # One routed call scores and releases the session (``close_after``). A separate
+            # close was a second hop through Ray's router, where calls have hung: in CI
+            # (2026-11-24) a /verify ran past its client's 60 s after its session was
+            # scored and ended, and the client's retry found the session gone.
+            verification = await _assigned(
+                lambda: handle.verify.remote(key, episode, close_after=True), "verify"
+            )
         except LookupError:
             return _no_session(key)
         except Exception as exc:
             return _failed("verify", exc)
-        finally:
-            await _assigned(lambda: handle.close.remote(key), "close")
         return JSONResponse(_verify_answer(body, verification))
 
     @http_app.post("/close_session")
