@@ -250,3 +250,35 @@ def test_engine_agents_and_environment_replicas_run_with_a_tuned_collector(tmp_p
             assert threshold == YOUNG_THRESHOLD
             assert frozen > 10_000  # modules, classes, Ray's worker state
     assert gc.get_threshold()[0] != YOUNG_THRESHOLD
+
+
+def test_agents_keep_serves_logger_at_warning_after_their_first_serve_hosted_call(
+    tmp_path, serve_session
+):
+    """An agent imports Serve at its first Serve-hosted episode, and Serve's first import
+    sets its logger to INFO; its router's start-up lines then reached the demo's console."""
+    import logging
+    import sys
+
+    from rayrollout.engine.agent import agent_name
+
+    def serve_logger(actor):
+        return ray.get(
+            actor.__ray_call__.remote(
+                lambda self: ("ray.serve" in sys.modules, logging.getLogger("ray.serve").level)
+            )
+        )
+
+    cfg = config(tmp_path, serve_session)
+    tasks = [
+        {"task_id": f"c{i}", "prompt": f"count {i}", "environment": "counter"} for i in range(4)
+    ]
+    with RolloutEngine(cfg) as engine:
+        assert {t.status for t in engine.collect(tasks).trajectories()} == {"ok"}
+        levels = [
+            serve_logger(ray.get_actor(agent_name(i), namespace=cfg.namespace))
+            for i in range(cfg.agents.num_agents)
+        ]
+    played = [level for imported, level in levels if imported]
+    assert played, levels  # at least one agent called the Serve-hosted environment
+    assert played == [logging.WARNING] * len(played), levels

@@ -13,7 +13,9 @@ worker lines, ``warnings`` and logging's last-resort handler land there), the co
 pinned to the real stderr, and logging handlers writing to a standard stream (Ray's, Serve's)
 are pointed at the file. Nothing changes Ray's own configuration (``ray.init`` keeps
 ``log_to_driver``): the lines still reach the driver, which is what puts them in the folder
-beside the rows they explain instead of only in Ray's session folder.
+beside the rows they explain instead of only in Ray's session folder. Lines Ray's driver
+holds back as likely repeats of another worker's are released into the file on leaving;
+Ray would print them at the process's exit, after the summary, on the console.
 
 The file is created at its first line, so a run refused before Ray starts (bad task rows)
 leaves no folder behind. It is appended to, one header per run, so ``--resume`` keeps the
@@ -124,6 +126,7 @@ def routed_logs(console: Console, out_dir: str | Path, verbose: bool = False) ->
     try:
         yield
     finally:
+        _release_held_worker_lines()  # while sys.stdout and sys.stderr are still the log
         _active.remove(log)
         sys.stdout, sys.stderr = real_out, real_err
         for handler, stream in moved:
@@ -138,6 +141,32 @@ def routed_logs(console: Console, out_dir: str | Path, verbose: bool = False) ->
                 soft_wrap=True,
             )
         log.close()
+
+
+def _release_held_worker_lines() -> None:
+    """Print now, where ``sys.stdout``/``sys.stderr`` point, the worker lines Ray holds back.
+
+    Ray's driver deduplicates worker lines: a line that a second worker repeats is held for
+    up to 5 s to be counted, and what is still held is printed at ``ray.shutdown``, which for
+    the CLI is the process's exit: after the summary, on the console. The demo's two agents
+    both logged Serve's router start-up; one copy went to the file, the other ended the
+    console. The names are Ray's private ones; if they move, the lines are left to Ray.
+    """
+    worker = sys.modules.get("ray._private.worker")
+    if worker is None:
+        return  # Ray was never imported here: nothing is held
+    try:
+        from ray._private.ray_logging import stderr_deduplicator, stdout_deduplicator
+
+        ignore_prefix = worker._should_ignore_worker_log_prefix(worker.global_worker)
+        for deduplicator, stream in (
+            (stdout_deduplicator, sys.stdout),
+            (stderr_deduplicator, sys.stderr),
+        ):
+            for batch in deduplicator.flush():
+                worker.print_worker_logs(batch, stream, ignore_prefix)
+    except (ImportError, AttributeError, RuntimeError):  # RuntimeError: Ray's log thread
+        return  # changed the held set while it was read; Ray prints the rest at exit
 
 
 def _retarget(

@@ -128,6 +128,13 @@ class AgentRunner:
 
             from rayrollout.environment.server import environment_app_name
 
+            # Serve's first import in a process sets its logger to INFO, so a level set in
+            # the constructor was undone here, and each agent's router lines ("Started
+            # <SharedRouterLongPollClient>", "ConsistentHashRouter initialized") went to the
+            # driver; Ray held the second agent's copy back as a repeat and printed it after
+            # the run's summary. Set after the import, WARNING holds.
+            logging.getLogger("ray.serve").setLevel(logging.WARNING)
+
             app = environment_app_name(self.config.namespace, env_name)
             # Results by value, not through the object store: about 40% less caller CPU per
             # call for the small payloads environments exchange (notes/ray-costs.md).
@@ -231,7 +238,6 @@ class AgentActor:
         policy_key: SecretStr | None = None,
         max_running: int | None = None,
     ) -> None:
-        logging.getLogger("ray.serve").setLevel(logging.WARNING)
         self.runner = AgentRunner(name, config, policy_url, policy_key, max_running)
         tune_gc()  # about a fifth of an agent's CPU went to the collector (gc_tuning)
 
