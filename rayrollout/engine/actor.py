@@ -93,7 +93,6 @@ class EngineActor(TrainingLoopAPI):
         driver_pid: int | None = None,  # the run's driver, noted in the folder's lock
         route_token: SecretStr | None = None,  # what the run's HTTP routes take (auth.py)
     ) -> None:
-        logging.getLogger("ray.serve").setLevel(logging.WARNING)
         self.config = config
         self.policy_url = policy_url
         self.detached = detached  # started by `rayrollout up`: drivers attach, never kill it
