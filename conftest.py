@@ -1,12 +1,83 @@
-"""Shared pytest fixtures: one local Ray (and Serve) per test session, shut down at the end."""
+"""Shared pytest fixtures and the one gate of tests that need a system package.
+
+One local Ray (and Serve) per test session, shut down at the end.
+
+A test that needs something ``pip`` does not install (bubblewrap for the code sandbox,
+Chromium for the report page, Slurm and munge for the cluster tier) says so with
+``@pytest.mark.system_package("bubblewrap")``; where the package is missing it is skipped
+with a reason naming the package and the command that installs it. CI installs them all and
+sets ``RAYROLLOUT_REQUIRE_SYSTEM_PACKAGES=bubblewrap,chromium,slurm``: there a missing one
+fails the test instead, so a green CI run never hides a skipped sandbox or browser test.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+REQUIRE_VARIABLE = "RAYROLLOUT_REQUIRE_SYSTEM_PACKAGES"
+"""Comma-separated packages that must be present (CI): a test needing a missing one fails."""
+
+SYSTEM_PACKAGES: dict[str, tuple[tuple[str, ...], str]] = {
+    # package: (the programs a test runs, found on PATH or in /usr/sbin; how to install it)
+    "bubblewrap": (("bwrap",), "apt-get install bubblewrap"),
+    "chromium": (("chromium",), "apt-get install chromium"),
+    "slurm": (
+        ("munged", "slurmctld", "slurmd", "sbatch", "scontrol"),
+        "apt-get install slurm-wlm munge",
+    ),
+}
+
+
+def missing_programs(package: str) -> list[str]:
+    """The programs of ``package`` this machine lacks (empty: it is installed)."""
+    programs, _ = SYSTEM_PACKAGES[package]
+    return [p for p in programs if shutil.which(p) is None and not Path("/usr/sbin", p).exists()]
+
+
+def required_packages() -> set[str]:
+    """The packages ``RAYROLLOUT_REQUIRE_SYSTEM_PACKAGES`` names; an unknown name is an error."""
+    named = {p.strip() for p in os.environ.get(REQUIRE_VARIABLE, "").split(",") if p.strip()}
+    unknown = sorted(named - set(SYSTEM_PACKAGES))
+    if unknown:
+        raise pytest.UsageError(
+            f"{REQUIRE_VARIABLE} names unknown system package(s) {', '.join(unknown)}: "
+            f"known ones are {', '.join(sorted(SYSTEM_PACKAGES))}"
+        )
+    return named
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "system_package(name): needs a system package ("
+        + ", ".join(sorted(SYSTEM_PACKAGES))
+        + f"); skipped naming it where it is missing, failed where {REQUIRE_VARIABLE} names it",
+    )
+    required_packages()  # a typo in CI's list stops the run before any test
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers("system_package"):
+        for package in mark.args:
+            if package not in SYSTEM_PACKAGES:
+                raise pytest.UsageError(
+                    f"{item.nodeid}: unknown system_package {package!r}; known ones are "
+                    f"{', '.join(sorted(SYSTEM_PACKAGES))} (conftest.py)"
+                )
+            missing = missing_programs(package)
+            if not missing:
+                continue
+            _, install = SYSTEM_PACKAGES[package]
+            reason = f"{package} is not installed (no {', '.join(missing)}): {install}"
+            if package in required_packages():
+                pytest.fail(f"{reason}; {REQUIRE_VARIABLE} says it must be here", pytrace=False)
+            pytest.skip(reason)
 
 
 def free_port() -> int:

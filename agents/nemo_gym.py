@@ -160,12 +160,11 @@ class NemoGymAgent(Agent):
                 f"agent '{_NAME}': the NeMo Gym agent server at {self.url} answered /run "
                 f"without a numeric 'reward': {_preview(_without_secrets(answer, key))}",
             )
-        if not 0.0 <= reward <= 1.0:
+        if not math.isfinite(reward):  # any finite reward stands as given (-1, 3, -100)
             raise EpisodeEnd(
                 "error",
                 f"agent '{_NAME}': the NeMo Gym agent server at {self.url} gave reward {reward}, "
-                "outside [0, 1]; rayrollout rewards are in [0, 1]: rescale it in the resources "
-                "server's verify",
+                "which is not a finite number",
             )
         # A verify answer echoes its request; what it adds or changes explains the reward.
         details = {

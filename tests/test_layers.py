@@ -27,6 +27,9 @@ RANKS = {
     "auth": 0,
     "gc_tuning": 0,
     "data": 1,
+    "plugins": 1,  # the entry-point mechanism of every registry: errors only
+    "client": 1,  # the light HTTP client: errors and auth only, never Ray (test_client.py)
+    "integrations": 2,  # trainer adapters over the client (no engine part: no peers imported)
     "environment": 2,
     "policy": 2,
     "agent": 3,

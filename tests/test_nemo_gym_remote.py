@@ -208,15 +208,20 @@ async def test_an_answer_after_retries_names_the_failed_attempt_before_it():
     )
 
 
-async def test_a_server_without_seed_session_is_named_as_not_a_resources_server():
+async def test_a_server_with_neither_seed_session_nor_reset_is_named_as_neither_kind():
+    """No /seed_session makes it a Gymnasium-style server; no /reset either fails its reset."""
+    from rayrollout.environment.reset_step import ResetStepError, reset_step_session
+
     pool = NemoGymConnections()
     with ResourcesServer(seeds=False) as server:
         session = pool.session("gym", EnvironmentConfig(url=server.url, max_retries=0), TASK)
-        with pytest.raises(NemoGymError, match="has no POST /seed_session") as failed:
-            await session.setup()
+        await session.setup()
+        stepped = reset_step_session(session)
+        assert stepped is not None
+        with pytest.raises(ResetStepError, match="has no POST /seed_session and no POST /reset"):
+            await stepped.reset(list(TASK.prompt))
         await session.close()
     await pool.close()
-    assert "Gymnasium-style servers (/reset and /step" in str(failed.value)
 
 
 async def test_an_unreachable_server_fails_naming_the_url_and_the_route():

@@ -216,20 +216,20 @@ def fresh_policy_kinds():
     """The policy-kind caches emptied before and after, so a patched entry point list counts."""
     from rayrollout.policy import kinds
 
-    for cached in (kinds.policy_kinds, kinds.policy_kind):
-        cached.cache_clear()
+    kinds.POLICY_KINDS.clear()
     yield kinds
-    for cached in (kinds.policy_kinds, kinds.policy_kind):
-        cached.cache_clear()
+    kinds.POLICY_KINDS.clear()
 
 
 def test_a_policy_kind_registered_twice_is_an_error_naming_both(monkeypatch, fresh_policy_kinds):
     from importlib.metadata import EntryPoint
 
+    from rayrollout import plugins
+
     kinds = fresh_policy_kinds
     ours, theirs = "rayrollout.deployments.scripted.kind:SCRIPTED", "other_package.kind:SCRIPTED"
     twins = [EntryPoint("scripted", target, kinds.ENTRY_POINT_GROUP) for target in (ours, theirs)]
-    monkeypatch.setattr(kinds, "entry_points", lambda group: twins)
+    monkeypatch.setattr(plugins, "entry_points", lambda group: twins)
     with pytest.raises(kinds.UnknownPolicyKindError) as raised:
         kinds.policy_kind("scripted")
     assert ours in str(raised.value) and theirs in str(raised.value)

@@ -28,11 +28,13 @@ from typing import Any
 
 import pytest
 import yaml
+from hidden_programs import path_without
 from netutil import free_port
 from typer.testing import CliRunner
 
 from rayrollout.api.rollout_engine import RolloutEngine
 from rayrollout.cli.commands import app
+from rayrollout.environment import Environment, Episode, Verification
 
 ROOT = Path(__file__).resolve().parents[1]
 RAYROLLOUT = Path(sys.executable).parent / "rayrollout"
@@ -146,13 +148,15 @@ def refused_in_a_process(run: subprocess.CompletedProcess, folder: Path) -> str:
 # The tasks path.
 
 
-def test_a_directory_as_tasks_file_is_one_line_naming_the_files_in_it(tmp_path, starts):
+def test_a_directory_without_task_shards_is_one_line_saying_what_a_shard_set_is(tmp_path, starts):
     folder = tmp_path / "data"
     folder.mkdir()
-    tasks_file(folder, "weather")
+    (folder / "notes.txt").write_text("not a shard")
     line = refused(*collect(folder, "--out", tmp_path / "out"), starts)
-    assert f"tasks file {folder} is a directory" in line
-    assert "pass one JSONL or Parquet file (it holds tasks.jsonl)" in line
+    assert f"no task shards in {folder}: a shard set is a directory or a glob of" in line
+    tasks_file(folder, "weather")  # now a shard set of one: it reaches the start
+    code, output, exception = collect(folder, "--out", tmp_path / "out")
+    assert isinstance(exception, Started), output
 
 
 def test_a_tasks_file_without_rows_is_one_notice_and_exit_0(tmp_path, starts):
@@ -244,6 +248,62 @@ def test_rows_naming_an_unknown_environment_list_the_known_ones(tmp_path, starts
     assert "tasks.jsonl line 2, field 'environment': unknown environment 'atlantis'" in output
     assert "Known environments: " in output and "weather" in output.split("Known")[1]
     assert not (tmp_path / "out").exists()
+
+
+# Environments this machine cannot run.
+
+
+class NeedsFrobnicator(Environment):
+    """An environment that needs a system package this machine lacks."""
+
+    async def verify(self, episode: Episode) -> Verification:
+        return Verification(reward=1.0)
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        return "it needs the frobnicator: apt-get install frobnicator"
+
+
+NEEDY = {"environments": {"needy": {"path": "test_preflight:NeedsFrobnicator"}}}
+
+
+def test_rows_naming_an_environment_this_machine_cannot_run_are_one_line_naming_the_fix(
+    tmp_path, starts
+):
+    tasks = tasks_file(tmp_path, "weather", "needy", "needy")
+    config = config_file(tmp_path, **NEEDY)
+    for flags in ((), ("--skip-invalid",)):  # the machine's problem, never one row's
+        line = refused(
+            *collect(tasks, "--out", tmp_path / "out", "--config", config, *flags), starts
+        )
+        assert line == (
+            "error: environment 'needy' cannot run on this machine: it needs the frobnicator: "
+            "apt-get install frobnicator. Nothing was started"
+        )
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_environment_that_cannot_run_here_is_not_asked_when_the_run_joins_a_cluster(
+    tmp_path, starts, monkeypatch
+):
+    tasks = tasks_file(tmp_path, "needy")
+    config = config_file(tmp_path, **NEEDY)
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # its replicas run on the cluster's nodes
+    code, output, exception = collect(tasks, "--out", tmp_path / "out", "--config", config)
+    assert isinstance(exception, Started), output
+
+
+def test_the_real_command_refuses_code_tasks_without_bubblewrap_before_ray_starts(
+    real_cli, monkeypatch
+):
+    """The code environment's sandbox needs bubblewrap: hidden from ``PATH`` here (CI has it)."""
+    folder, run = real_cli
+    monkeypatch.setenv("PATH", path_without("bwrap", folder / "bin"))
+    tasks = ROOT / "environments" / "code" / "tasks.jsonl"
+    line = refused_in_a_process(run(tasks, "--policy", "scripted", "--out", folder / "out"), folder)
+    assert line.startswith("error: environment 'code' cannot run on this machine: ")
+    assert "`bwrap` is not on PATH" in line and "(`apt-get install bubblewrap`)" in line
+    assert not (folder / "out").exists()
 
 
 # Agent names.

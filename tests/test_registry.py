@@ -5,6 +5,7 @@ from importlib.metadata import EntryPoint
 import pytest
 from fixture_envs import CounterEnv, GreeterEnv
 
+from rayrollout import plugins
 from rayrollout.data.config import EnvironmentConfig, RunConfig
 from rayrollout.data.schema import Message, Task
 from rayrollout.environment import Environment, Episode, ToolResult, Verification, registry, tool
@@ -95,8 +96,8 @@ def test_two_entry_points_for_one_name_are_an_error_naming_both(monkeypatch):
         EntryPoint("echo", "fixture_envs:EchoEnv", group),
         EntryPoint("echo", "fixture_envs:FaultyEnv", group),
     ]
-    monkeypatch.setattr(registry, "entry_points", lambda group: twins)
-    registry.registered_environments.cache_clear()
+    monkeypatch.setattr(plugins, "entry_points", lambda group: twins)
+    registry.ENVIRONMENTS.clear()
     try:
         with pytest.raises(DuplicateEnvironmentError) as raised:
             environment_spec("echo")
@@ -104,7 +105,7 @@ def test_two_entry_points_for_one_name_are_an_error_naming_both(monkeypatch):
         assert "fixture_envs:FaultyEnv" in str(raised.value)
     finally:
         monkeypatch.undo()
-        registry.registered_environments.cache_clear()
+        registry.ENVIRONMENTS.clear()
 
 
 def test_an_unknown_name_says_how_to_register_it():

@@ -31,9 +31,7 @@ T0 = 1_700_000_000.0
 GAP = 95.0
 MODEL = "Qwen/Qwen3-0.6B"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-needs_chromium = pytest.mark.skipif(
-    shutil.which("chromium") is None, reason="Debian chromium is not installed"
-)
+needs_chromium = pytest.mark.system_package("chromium")
 
 
 def episode(task_id, sample, env, queued, wait, seconds, status="ok", reward=1.0, version=0):

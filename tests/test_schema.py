@@ -53,9 +53,12 @@ def test_arrow_schema_uses_compact_types_for_tokens():
     assert schema.field("created_at").type == pa.timestamp("us", tz="UTC")
 
 
-def test_reward_outside_unit_interval_is_rejected():
-    with pytest.raises(ValueError, match="reward"):
-        make_trajectory(reward=1.5)
+def test_any_finite_reward_is_kept_and_nan_or_infinity_refused():
+    for reward in (-100.0, -1.0, 1.5, 3.0):
+        assert Trajectory.from_row(make_trajectory(reward=reward).to_row()).reward == reward
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="finite number"):
+            make_trajectory(reward=bad)
 
 
 def test_task_needs_a_system_or_user_message_with_text():

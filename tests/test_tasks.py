@@ -137,8 +137,8 @@ def test_default_environment_fills_rows_that_name_none(tmp_path):
     tasks = list(read_tasks(path, default_environment="weather"))
     assert [t.environment for t in tasks] == ["weather"] * 3
     assert len({t.task_id for t in tasks}) == 3
-    again = parse_task_row(NEMO_GYM_ROW, default_environment="weather")
-    assert again.task_id == tasks[0].task_id  # same content, same id (what --resume finds)
+    again = parse_task_row(NEMO_GYM_ROW, default_environment="weather", line=1)
+    assert again.task_id == tasks[0].task_id  # same content and line, same id (--resume)
 
 
 def test_a_repeated_task_id_is_an_error_naming_both_lines(tmp_path):

@@ -3,7 +3,10 @@
 A fixed strategy per environment, chosen by the tools the request offers. It stands in for
 the model's judgement in tests, the demo and overhead benchmarks; it says nothing about
 model quality. A user message may carry ``[[sleep=SECONDS]]`` to make the call slow (for
-timeout tests).
+timeout tests). A system or user message may carry ``[[replies=["...", "..."]]]`` (a JSON
+list of strings): the k-th answer of the conversation is then its k-th reply (the last one
+again past the end), as plain text: scripted actions for environments that read the
+model's text (reset/step environments such as skyrl-gym's and GEM's).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 SLEEP_DIRECTIVE = re.compile(r"\[\[sleep=([0-9.]+)\]\]")
+REPLIES_DIRECTIVE = "[[replies="
 
 
 @dataclass
@@ -35,8 +39,28 @@ def requested_sleep(messages: list[dict[str, Any]]) -> float:
     return 0.0
 
 
+def scripted_replies(messages: list[dict[str, Any]]) -> list[str] | None:
+    """The replies of the first ``[[replies=[...]]]`` directive in a system or user message."""
+    for message in messages:
+        text = _text(message.get("content"))
+        start = text.find(REPLIES_DIRECTIVE) if message.get("role") in ("system", "user") else -1
+        if start < 0:
+            continue
+        try:
+            replies, _ = json.JSONDecoder().raw_decode(text, start + len(REPLIES_DIRECTIVE))
+        except json.JSONDecodeError:
+            continue
+        if isinstance(replies, list) and replies and all(isinstance(r, str) for r in replies):
+            return replies
+    return None
+
+
 def next_action(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Action:
     """Decide the next move from the chat so far and the offered (chat-form) tools."""
+    replies = scripted_replies(messages)
+    if replies is not None:
+        answered = sum(1 for m in messages if m.get("role") == "assistant")
+        return Action(text=replies[min(answered, len(replies) - 1)])
     names = [t.get("function", t).get("name") for t in tools]
     prompt = next(
         (_text(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), ""

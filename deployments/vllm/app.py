@@ -36,7 +36,7 @@ SMOLLM2_SOURCE = "rayrollout:smollm2-135m-instruct"
 
 Router = Literal["consistent_hash", "prefix_aware", "power_of_two"]
 # Serve request routers of the LLMServer deployment, by the name the YAML uses. power_of_two
-# is Serve's default (no request_router_config at all). NOTES.md: "Episode affinity".
+# is Serve's default (no request_router_config at all). docs/how-to/vllm.md explains each.
 _ROUTER_CLASSES: dict[str, str] = {
     "consistent_hash": "ray.serve.experimental.consistent_hash_router:ConsistentHashRouter",
     "prefix_aware": "ray.serve.llm.request_router:PrefixCacheAffinityRouter",
@@ -111,7 +111,7 @@ class VllmDeploymentConfig(BaseModel):
         "an episode's turns reach one replica and its prefix cache; 'prefix_aware': Ray's "
         "PrefixCacheAffinityRouter (matches prompt text: Ray 2.60's never answers a token-id "
         "prompt, so only for prompt_mode 'messages'); 'power_of_two': Serve's default, by "
-        "queue length only (no affinity). NOTES.md: 'Episode affinity'.",
+        "queue length only (no affinity).",
     )
     router_fallback_replicas: int = Field(
         default=2,

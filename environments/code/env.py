@@ -3,7 +3,9 @@
 The task is "Write a Python function `<name>(<args>)` that returns `<expression>`." with
 assert statements in the ``tests`` field. Both the ``run_python`` tool and the verifier run
 code in a fresh bubblewrap sandbox under a uid of its own (see ``sandbox.py``); where none
-can start, the tool call fails with the fix named, and nothing runs unsandboxed.
+can start, ``unavailable_reason`` says so before a run starts (``collect`` stops, the demo
+leaves the environment out), a tool call fails with the fix named, and nothing runs
+unsandboxed.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import ClassVar
 
 from rayrollout.environment import Environment, Episode, ToolError, Verification, tool
 
-from .sandbox import SandboxUnavailableError, run_sandboxed
+from .sandbox import SandboxUnavailableError, check_bubblewrap, run_sandboxed
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL)
 _SUMMARY = "__rayrollout_tests__ "
@@ -47,6 +49,16 @@ class CodeEnv(Environment):
     default_hosting = "serve"  # subprocesses cost CPU and memory: keep them off the agents
     timeout_s: ClassVar[float] = 5.0
     memory_bytes: ClassVar[int] = 512 * 1024 * 1024
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """The sandbox's own check (bubblewrap installed, root, namespaces allowed): where
+        it fails, every tool call and verification would fail with the same message."""
+        try:
+            check_bubblewrap()
+        except SandboxUnavailableError as exc:
+            return str(exc)
+        return None
 
     @tool
     async def run_python(self, code: str) -> str:

@@ -42,8 +42,7 @@ Cost, measured on this machine (2 shared cores, median of 50 runs of ``print(1)`
 sandbox against 26 ms for the plain ``unshare --net`` subprocess it replaced, so about 22 ms
 more per tool call or verification (bwrap sets up namespaces and mounts; setpriv execs).
 Starting it with vfork and ``prlimit`` instead of a ``preexec_fn`` fork costs nothing
-measurable: 40 interleaved runs each, median 196 ms against 229 ms for the fork, with the
-machine's load at 25-30.
+measurable: 40 interleaved runs each, median 196 ms against 229 ms for the fork.
 
 The process calling ``run_sandboxed`` must be root (bwrap runs privileged and hands the code
 a uid of its own). If it is not, or bwrap is missing or cannot create its namespaces, the
@@ -71,7 +70,13 @@ from ._bwrap import (
     limits_command,
 )
 
-__all__ = ["UID_RANGE", "RunResult", "SandboxUnavailableError", "run_sandboxed"]
+__all__ = [
+    "UID_RANGE",
+    "RunResult",
+    "SandboxUnavailableError",
+    "check_bubblewrap",
+    "run_sandboxed",
+]
 
 MiB = 1024 * 1024
 

@@ -1,11 +1,13 @@
 """Long-lived services on a cluster: ``up``, ``status``, ``down``, and finding what is up.
 
-``up`` deploys a namespace's policy, its Serve-hosted environments and a detached engine
-(with its agents); ``collect`` and training loops then attach to that engine instead of
-starting their own. Everything is found by name in the namespace (the ``engine`` actor,
-``agent:<i>`` actors, Serve apps ``<ns>.policy`` and ``<ns>.env.<name>``), so two namespaces
-on one cluster never see each other. A lookup retries briefly while things start, then
-fails naming what is missing and the command that starts it.
+``up`` deploys a namespace's policy, its Serve-hosted environments, a detached engine (with
+its agents) and the rollout API over HTTP (``service``, unless ``service.enabled`` is off);
+``collect`` and training loops then attach to that engine instead of starting their own, or
+reach it over HTTP (``rayrollout.client``). Everything is found by name in the namespace
+(the ``engine`` and ``service`` actors, ``agent:<i>`` actors, Serve apps ``<ns>.policy``
+and ``<ns>.env.<name>``), so two namespaces on one cluster never see each other. A lookup
+retries briefly while things start, then fails naming what is missing and the command that
+starts it.
 
 Example:
     >>> from rayrollout.api.cluster import up, status, down  # doctest: +SKIP
@@ -22,8 +24,11 @@ import ray
 from ray import serve
 
 from rayrollout.api.rollout_engine import EngineExistsError, RolloutEngine
+from rayrollout.api.service.actor import SERVICE_NAME, ServiceActor
 from rayrollout.data.config import RunConfig
 from rayrollout.engine.actor import ENGINE_NAME
+from rayrollout.engine.placement import cpu_actor_options
+from rayrollout.engine.secret_env import route_token_path
 from rayrollout.engine.services import policy_app_name
 from rayrollout.environment.server import environment_app_name
 from rayrollout.errors import ClusterError
@@ -34,7 +39,9 @@ __all__ = [
     "down",
     "lookup_app",
     "lookup_engine",
+    "service_url",
     "start_detached",
+    "start_service",
     "status",
     "up",
 ]
@@ -110,13 +117,45 @@ def start_detached(config: RunConfig) -> Any:
     """``up`` without the status report: returns the detached engine's handle.
 
     It is ``RolloutEngine.start(detached=True)``: one way to start an engine, one error.
+    The HTTP service starts beside it with the run's route token (``service.enabled``).
 
     Raises:
         EngineExistsError: an engine already runs in the namespace (``rayrollout down``
             first).
     """
     driver = RolloutEngine(config).start(run_id=time.strftime("up-%Y%m%d-%H%M%S"), detached=True)
+    if driver.config.service.enabled:
+        start_service(driver.config, driver.route_token)
     return driver.engine
+
+
+def start_service(config: RunConfig, route_token: Any) -> str:
+    """Start the namespace's HTTP service (detached, named ``service``); returns its URL.
+
+    ``route_token`` (a ``SecretStr``) is the run's: the one its engine's routes take.
+    """
+    service = ServiceActor.options(  # type: ignore[attr-defined]  # a Ray actor class
+        name=SERVICE_NAME,
+        namespace=config.namespace,
+        lifetime="detached",
+        **cpu_actor_options(config, {}),
+    ).remote(config, route_token)
+    try:
+        url: str = ray.get(service.start.remote(), timeout=60)
+    except Exception:
+        ray.kill(service)  # a half-started service would hold the name
+        raise
+    return url
+
+
+def service_url(namespace: str) -> str | None:
+    """The URL of the namespace's HTTP service, or None when none is up."""
+    try:
+        service = ray.get_actor(SERVICE_NAME, namespace=namespace)
+    except ValueError:
+        return None
+    described: Any = ray.get(service.describe.remote(), timeout=30)
+    return described["url"]
 
 
 def status(namespace: str) -> dict[str, Any]:
@@ -148,12 +187,41 @@ def status(namespace: str) -> dict[str, Any]:
         engine_state = {"up": False}
     except Exception as exc:  # up but not answering: say so rather than fail the listing
         engine_state = {"up": True, "error": f"{type(exc).__name__}: {exc}"}
-    return {"namespace": namespace, "engine": engine_state, "apps": apps, "agents": agents}
+    try:
+        service = ray.get_actor(SERVICE_NAME, namespace=namespace)
+        described: Any = ray.get(service.describe.remote(), timeout=30)
+        service_state: dict[str, Any] = {
+            "up": True,
+            **described,
+            "token_file": str(route_token_path(namespace)),
+        }
+    except ValueError:
+        service_state = {"up": False}
+    except Exception as exc:
+        service_state = {"up": True, "error": f"{type(exc).__name__}: {exc}"}
+    return {
+        "namespace": namespace,
+        "engine": engine_state,
+        "service": service_state,
+        "apps": apps,
+        "agents": agents,
+    }
 
 
 def down(namespace: str) -> list[str]:
     """Remove the namespace's engine, agents and Serve apps; returns what was removed."""
     removed: list[str] = []
+    try:
+        service = ray.get_actor(SERVICE_NAME, namespace=namespace)
+    except ValueError:
+        service = None
+    if service is not None:
+        try:
+            ray.get(service.close.remote(), timeout=30)
+        except Exception:  # a dead service's port is released by the OS
+            pass
+        ray.kill(service)
+        removed.append(f"actor {namespace}/{SERVICE_NAME}")
     try:
         engine = ray.get_actor(ENGINE_NAME, namespace=namespace)
     except ValueError:

@@ -1,70 +1,102 @@
-"""What one ``collect`` runs: its tasks read and checked once, the rejects, the limit, resume.
+"""What one ``collect`` runs: its checks before start, then its tasks streamed and checked.
 
 ``RolloutEngine.collect`` and ``rayrollout collect`` both go through here, so a Python caller
-gets what the command line gets: every row of a tasks file (or a list of rows) checked
-before anything starts, errors naming the file, line and field, ``skip_invalid`` writing
-the bad rows to the output folder's rejects file, ``limit`` and ``resume``.
+gets what the command line gets: rows checked as they stream to the engine, errors naming
+the file (or shard), line and field, ``skip_invalid`` writing the bad rows to the output
+folder's rejects file, ``limit`` and ``resume``.
 
-A collection is planned in two steps around the engine's start:
+A collection is planned in two steps around the engine's start, then streamed:
 
-1. ``plan_collect`` reads the rows once, before Ray or the engine starts: a file with bad
-   rows runs nothing and costs no cluster start-up. With ``before_start`` it also runs the
-   checks of ``api.preflight`` (the output folder, an external policy's key and endpoint),
-   so that every mistake found in a second is found before a start that takes minutes. A
-   file without a single row plans nothing (``CollectPlan.empty``): nothing is started.
-2. ``CollectPlan.open_output`` runs once the engine holds the output folder's lock (no
-   earlier writer can still be adding parts): it refuses another run's parts unless
-   ``resume`` or ``output.overwrite`` (which deletes them; ``refuse_old_parts``, checked
-   once before the policy deploys too), writes the rejects and reads which
-   ``(task_id, sample_index)`` pairs are already written (``resume``).
+1. ``plan_collect``, before Ray or the engine starts, runs the checks that need no rows
+   first (``api.preflight``): the tasks path, ``--env``, ``--agent``, and with
+   ``before_start`` the output folder, an external policy's key, one probe of its endpoint
+   and one of each environment URL. Only then does it read a row, so such a mistake is
+   reported in seconds whatever the task set's size (a source without a single row is
+   found by reading one, and starts nothing and probes nothing: ``CollectPlan.empty``).
+   Then it reads and checks the first ``HEAD_ROWS`` rows: a bad row among them runs
+   nothing (every bad row of the head listed), so a file of at most that many rows is
+   checked whole before anything starts, and a bigger one's first rows are.
+2. ``CollectPlan.open_output`` (``collect_plan``) runs once the engine holds the output
+   folder's lock (no earlier writer can still be adding parts): it refuses another run's
+   parts unless ``resume`` or ``output.overwrite`` (which deletes them;
+   ``refuse_old_parts``, checked once before the policy deploys too), writes the head's
+   rejects and reads which ``(task_id, sample_index)`` pairs are already written.
+3. ``CollectPlan.specs`` streams the rest: each row is read and checked as the engine takes
+   it, and the engine's queue holds the reading back (``submit`` waits while the queue is
+   full). ``limit`` stops the reading there. A bad row past the head ends the run where it
+   is met, unless ``skip_invalid``: what was submitted before it still runs and is written
+   (``RolloutEngine.run`` drains the engine), and the error says to fix the row and run
+   again with ``--resume``.
 
-Task ids are unique within a source (``tasks.UniqueTaskIds``): a repeat is a row error.
+Nothing is kept per task but digests, so the driver's memory is flat in the number of
+tasks: task ids (unique within a source, ``tasks.UniqueTaskIds``), resume keys and rejected
+lines are 12-byte digests (``data.task_digests``), and only the head's ``Task`` objects and
+the rows in flight are held. ``benchmarks/task_reading.py`` measures it. The progress bar's
+total comes from one pass that holds nothing per row, in a thread beside the start: a file's
+lines counted, or Parquet footers read; a JSONL shard set has none (the bar counts without a
+total).
 
-A tasks file or a list is read whole into ``Task`` objects before the run, so that the file
-is read once (it was read twice before: once to check, once to submit). Measured for 20,000
-rows of weather tasks (a one-message prompt and a verifier field each, a 2.5 MB file):
-32 MB of Python objects held in the driver (about 1.6 KB a task, tracemalloc), 0.5 s to read
-and check them. A million such rows would hold about 1.6 GB: stream a file that large
-instead (``collect(read_tasks(path))``). An iterator (a generator of rows or tasks, as a
-training loop or ``benchmarks/memory.py`` feeds) is never held whole: its rows are checked as
-they are submitted, and a bad one ends the run there unless ``skip_invalid``.
+A directory or glob of shards is a shard set (``data.task_shards``): its head is read
+without Ray, the rest through Ray Data once the engine has started (Ray Data needs Ray),
+with the same checks and the same rejects file. A list of rows is checked whole before
+anything starts; an iterator (a training loop, ``benchmarks/memory.py``) is streamed from
+its first row.
 
 Example:
     >>> plan = plan_collect("tasks.jsonl", config)  # doctest: +SKIP
     >>> engine.start(); plan.open_output(engine.config)  # doctest: +SKIP
-    >>> plan.episodes, len(plan.rejects)  # doctest: +SKIP
+    >>> plan.episodes, plan.rejected  # doctest: +SKIP
     (240, 2)
 """
 
 from __future__ import annotations
 
+import itertools
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from rayrollout.api.collect_plan import (
+    MAX_ERRORS_SHOWN,
+    AgentCheck,
+    CollectPlan,
+    InvalidTasksError,
+    OutputNotEmptyError,
+    expand,
+    refuse_old_parts,
+)
 from rayrollout.api.preflight import (
+    TasksFileError,
     check_default_agent,
     check_default_environment,
+    check_environment_available,
     check_output_folder,
     check_policy_key,
     check_task_agents,
     check_tasks_file,
     environment_known,
     external_policy,
+    probe_environment_urls,
     probe_policy,
     unknown_environments_hint,
 )
 from rayrollout.data.config import ConfigError, RunConfig
-from rayrollout.data.run_folder import REJECTS_FILE, RunFolder
 from rayrollout.data.schema import Task
-from rayrollout.data.tasks import InvalidTaskError, UniqueTaskIds, parse_task_row, read_tasks
-from rayrollout.engine.episode import EpisodeSpec
+from rayrollout.data.task_shards import ShardSet, is_shard_set
+from rayrollout.data.tasks import (
+    CheckedRow,
+    InvalidTaskError,
+    SourceRow,
+    UniqueTaskIds,
+    check_rows,
+    iter_task_rows,
+)
 from rayrollout.engine.figures import RunSnapshot
 from rayrollout.engine.stats import EnvStats
-from rayrollout.errors import InputError
 
 __all__ = [
+    "HEAD_ROWS",
     "MAX_ERRORS_SHOWN",
     "CollectPlan",
     "InvalidTasksError",
@@ -76,132 +108,17 @@ __all__ = [
     "refuse_old_parts",
 ]
 
-MAX_ERRORS_SHOWN = 50
-Reject = tuple[InvalidTaskError, str | None]
-"""A row left out by ``skip_invalid``: why, and its raw text (None for an in-memory row)."""
-
-
-class OutputNotEmptyError(InputError, FileExistsError):
-    """A new run met an earlier run's parts in its output folder (without resume/overwrite)."""
-
-
-def refuse_old_parts(folder: RunFolder, config: RunConfig, run_id: str | None) -> list[Path]:
-    """The parts of runs other than ``run_id`` in ``folder`` that ``config`` may write over.
-
-    A new run that met them and would append a second copy of every sample is refused
-    unless ``resume`` (write only what is missing) or ``output.overwrite`` (delete them
-    first); returns them (for ``overwrite`` to delete), empty under ``resume``.
-
-    Raises:
-        OutputNotEmptyError: parts of another run, and neither ``resume`` nor ``overwrite``.
-    """
-    old = folder.parts_of_other_runs(run_id)
-    if not old or config.resume:
-        return []
-    if not config.output.overwrite:
-        runs = sorted({RunFolder.run_of(part) for part in old})
-        raise OutputNotEmptyError(
-            f"output folder {folder.path} already holds {len(old)} part(s) of an earlier run "
-            f"({', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''}); nothing was run. Pass "
-            "--resume to finish that run (only missing (task_id, sample_index) pairs are "
-            "written), --overwrite to delete its parts first, or another --out "
-            "(resume=True or output.overwrite=True in Python)"
-        )
-    return old
-
-
-class InvalidTasksError(InputError, ValueError):
-    """Rows that cannot run, found before anything ran; the message lists them (up to 50)."""
-
-    def __init__(self, source: str, errors: list[InvalidTaskError], hint: str = "") -> None:
-        self.source, self.errors = source, errors
-        shown = "\n".join(f"  {exc}" for exc in errors[:MAX_ERRORS_SHOWN])
-        more = len(errors) - MAX_ERRORS_SHOWN
-        super().__init__(
-            f"{len(errors)} invalid row(s) in {source}; nothing was run. Fix them, or pass "
-            f"--skip-invalid (skip_invalid=True in Python) to run the valid rows and write "
-            f"the rest to {REJECTS_FILE} in the output folder:\n{shown}"
-            + (f"\n  ... and {more} more" if more > 0 else "")
-            + (f"\n  {hint}" if hint else "")
-        )
-
-
-@dataclass
-class CollectPlan:
-    """The tasks one collection runs, what it left out, and what is already written.
-
-    Attributes:
-        source: Where the tasks came from (a file's path, or ``<rows>``).
-        tasks: The valid tasks, in order: a list when read whole (a file, a list of rows),
-            an iterator when streamed (checked as they are submitted).
-        num_repeats: Samples per task.
-        rejects: Rows ``skip_invalid`` left out (a streamed source adds to it as it goes).
-        written: ``(task_id, sample_index)`` pairs already in the output folder (``resume``);
-            filled by ``open_output``.
-    """
-
-    source: str
-    tasks: list[Task] | Iterator[Task]
-    num_repeats: int
-    rejects: list[Reject] = field(default_factory=list)
-    written: set[tuple[str, int]] = field(default_factory=set)
-    _folder: RunFolder | None = field(default=None, init=False, repr=False)
-
-    @property
-    def empty(self) -> bool:
-        """The source held no row at all (not even an invalid one): there is nothing to run,
-        so nothing is started and no output folder is made."""
-        return isinstance(self.tasks, list) and not self.tasks and not self.rejects
-
-    @property
-    def episodes(self) -> int | None:
-        """Episodes the run will play (None for a streamed source: not known up front)."""
-        if not isinstance(self.tasks, list):
-            return None
-        return sum(
-            (task.task_id, sample) not in self.written
-            for task in self.tasks
-            for sample in range(self.num_repeats)
-        )
-
-    def open_output(self, config: RunConfig, run_id: str | None = None, first: bool = True) -> None:
-        """Check the folder, write the rejects and read what is written; call with the
-        output folder's lock held (after ``RolloutEngine.start``), so no earlier writer is
-        still adding parts.
-
-        Args:
-            config: ``output.dir``, ``resume`` and ``output.overwrite`` are read from it.
-            run_id: The engine's run: its own parts are never "an earlier run's" (a second
-                ``collect`` on one engine, ``generate(write=True)`` before it).
-            first: This engine's first collection: ``overwrite`` deletes the rejects too.
-
-        Raises:
-            OutputNotEmptyError: the folder holds another run's parts (``refuse_old_parts``).
-        """
-        self._folder = RunFolder(config.output.dir)
-        old = refuse_old_parts(self._folder, config, run_id)
-        if config.output.overwrite:
-            self._folder.remove(old, rejects=first)
-        for exc, raw in self.rejects:
-            self._folder.add_reject(exc.to_record(raw))
-        if config.resume:
-            self.written = self._folder.written_keys()
-
-    def reject(self, exc: InvalidTaskError, raw: str | None) -> None:
-        """Leave one row out (``skip_invalid``); once the output is open it is written at once."""
-        self.rejects.append((exc, raw))
-        if self._folder is not None:
-            self._folder.add_reject(exc.to_record(raw))
-
-    def specs(self) -> Iterator[EpisodeSpec]:
-        """One spec per (task, sample index) not yet written."""
-        return expand(self.tasks, self.num_repeats, self.written)
+HEAD_ROWS = 1000
+"""Rows read and checked before anything starts (about 0.1 s of reading): all of a small
+file, the first of a large one."""
+_COUNT_CHUNK = 1 << 20
 
 
 TaskSource = str | Path | Iterable[Task | dict[str, Any]] | CollectPlan
-"""A tasks file (JSONL or Parquet), task rows (``Task`` objects or row dicts), or a plan
-``plan_collect`` already made (the command line plans, and checks, before it builds the
-engine; the engine's ``collect`` then runs that plan instead of reading the file again)."""
+"""A tasks file (JSONL or Parquet), a shard set (a directory or glob of them), task rows
+(``Task`` objects or row dicts), or a plan ``plan_collect`` already made (the command line
+plans, and checks, before it builds the engine; the engine's ``collect`` then runs that plan
+instead of reading the source again)."""
 
 
 def plan_collect(
@@ -212,33 +129,35 @@ def plan_collect(
     before_start: bool = False,
     require_key: bool = False,
 ) -> CollectPlan:
-    """Read and check a collection's tasks once, before anything starts.
+    """Check a collection's setup, then its first rows, before anything starts.
 
-    The checks run cheap and local first, the network last (``api.preflight``): the tasks
-    path, ``--env``, ``--agent``, the output folder and the policy's key, then the rows (and
-    the agents a file's rows name), then one probe of an external policy's endpoint, which
-    an empty file never waits for.
+    The checks run cheap and local first, the network next, the rows last (``api.preflight``):
+    the tasks path, ``--env``, ``--agent``, the output folder and the policy's key; then one
+    row is read (a source without rows plans nothing and probes nothing); then one probe
+    of an external policy's endpoint and of each environment URL; then the head of the rows
+    (and the agents its rows name).
 
     Args:
-        source: A tasks file, a list of rows, or an iterator of rows (streamed, not checked
-            up front); None takes the config's ``tasks`` file. A ``CollectPlan`` is returned
-            as it is (checked when it was made).
+        source: A tasks file, a shard set (a directory or glob), a list of rows, or an
+            iterator of rows (streamed, not checked up front); None takes the config's
+            ``tasks``. A ``CollectPlan`` is returned as it is (checked when it was made).
         config: ``environment`` and ``agent`` (rows that name none), ``skip_invalid``,
             ``limit``, the registered ``environments`` and ``agent_settings`` are read from it.
         num_repeats: Samples per task (default: the config's).
-        before_start: Nothing is started yet: also check the output folder and an external
-            policy (``RolloutEngine.collect`` on an engine not yet started, the command line).
+        before_start: Nothing is started yet: also check the output folder, an external
+            policy and the environments' URLs (``RolloutEngine.collect`` on an engine not yet
+            started, the command line).
         require_key: An external policy without its key's variable set is an error (the
             command line); else a server that refuses to answer without one is.
 
     Raises:
-        InvalidTasksError: bad rows and not ``skip_invalid``; nothing has started.
-        ConfigError: no tasks given, the tasks file is missing, a directory or unreadable
-            (``TasksFileError``), or both ``resume`` and ``output.overwrite``.
+        InvalidTasksError: bad rows in the head and not ``skip_invalid``; nothing has started.
+        ConfigError: no tasks given, the tasks file is missing, a directory without shards or
+            unreadable (``TasksFileError``), or both ``resume`` and ``output.overwrite``.
         UnknownEnvironmentError: ``environment`` (``--env``) names no known environment.
-        UnknownAgentError: ``agent`` (``--agent``), or the ``agent`` of a file's rows, names
+        UnknownAgentError: ``agent`` (``--agent``), or the ``agent`` of the head's rows, names
             no known agent (one error for the run, ``skip_invalid`` or not).
-        OutputFolderError, PolicyCheckError: ``before_start`` checks (``api.preflight``).
+        OutputFolderError, PolicyCheckError, EnvironmentUrlError: ``before_start`` checks.
     """
     if isinstance(source, CollectPlan):
         if num_repeats:
@@ -257,7 +176,13 @@ def plan_collect(
                 "Python), or set 'tasks' in the config"
             )
         source = config.tasks
-    if isinstance(source, (str, Path)):
+    shards: ShardSet | None = None
+    if isinstance(source, (str, Path)) and is_shard_set(source):
+        try:
+            shards = ShardSet(source)
+        except FileNotFoundError as exc:
+            raise TasksFileError(str(exc)) from None
+    elif isinstance(source, (str, Path)):
         source = check_tasks_file(source)  # before the checks that need no rows
     check_default_environment(config)
     check_default_agent(config)
@@ -266,90 +191,141 @@ def plan_collect(
         check_output_folder(config)
         if external_policy(config):
             key = check_policy_key(config, require_key)
-    check: _EnvironmentCheck | None = None
-    if isinstance(source, (str, Path)):
-        plan = CollectPlan(str(source), [], repeats)
+    plan = CollectPlan("<rows>", repeats, limit=config.limit, skip_invalid=config.skip_invalid)
+    if shards is not None or isinstance(source, (str, Path)):
+        plan.source = shards.spec if shards is not None else str(source)
+        raw = shards.local_rows(HEAD_ROWS) if shards is not None else _file_rows(Path(plan.source))
+        first = next(raw, None)  # one row read: a source without rows probes nothing
+        if first is None:
+            return plan
+        if before_start:
+            _probe(config, key)
         check = _EnvironmentCheck(config)
-        rows: Iterable[Task] = read_tasks(
-            source,
+        rows = check_rows(
+            itertools.chain([first], raw),
             default_environment=config.environment,
             check_environment=check,
-            on_invalid=plan.reject,
+            unique=plan.ids,
+            shards=shards is not None,
         )
-    elif isinstance(source, Sequence):
-        plan = CollectPlan("<rows>", [], repeats)
-        in_memory = cast("Sequence[Task | dict[str, Any]]", source)  # mypy keeps str here
-        rows = _parsed(in_memory, config.environment, plan.reject)
-    else:  # an iterator: streamed; a bad row raises where it is met unless skip_invalid
-        plan = CollectPlan("<rows>", iter(()), repeats)
-        on_invalid = plan.reject if config.skip_invalid else None
-        plan.tasks = _limited(_parsed(source, config.environment, on_invalid), config.limit)
-        rows = ()
-    if isinstance(plan.tasks, list):
-        plan.tasks = _read_once(rows, plan, config, check)
-        if check is not None:  # a file's rows; in-memory rows' agents fail their episodes
-            check_task_agents(plan.tasks, config, Path(plan.source).name)
-    if before_start and not plan.empty and external_policy(config):
-        probe_policy(config, key)
+        plan._hint = lambda: unknown_environments_hint(config) if check.unknown else ""
+        _read_head(plan, rows, HEAD_ROWS)
+        check_task_agents(plan.head, config, Path(plan.source).name)
+        plan._agents = AgentCheck(config, {t.agent for t in plan.head if t.agent})
+        if not plan.complete:
+            if shards is not None:
+                plan._open_rest = _shard_rest(shards, config, check, plan.ids)
+            else:
+                plan._rest = rows
+            _count_in_background(plan, shards, Path(plan.source))
+        return plan
+    if isinstance(source, Sequence) and not source:
+        return plan  # no rows: nothing to start, nothing to probe
+    if before_start:
+        _probe(config, key)
+    # In memory: a row's unknown environment or agent fails its own episodes, so one row
+    # never stops a training loop; ids are unique as in a file (row i is "line" i).
+    in_memory: Iterator[SourceRow] = (
+        ("<tasks>", i, row, None) for i, row in enumerate(cast(Iterable[Any], source), start=1)
+    )
+    rows = check_rows(in_memory, default_environment=config.environment, unique=plan.ids)
+    if isinstance(source, Sequence):  # a list: checked whole before anything starts
+        _read_head(plan, rows, None)
+    else:  # an iterator: streamed; a bad row stops the run where it is met
+        plan.complete = False
+        plan._rest = rows
     return plan
 
 
-def _read_once(
-    rows: Iterable[Task],
-    plan: CollectPlan,
-    config: RunConfig,
-    check: _EnvironmentCheck | None = None,
-) -> list[Task]:
-    """The first ``limit`` valid tasks; every row checked (to the limit under ``skip_invalid``,
-    which stops reading there as ``--limit`` says). ``check``: the rows' environment check,
-    whose unknown names add the known ones to the error."""
-    tasks: list[Task] = []
-    for task in rows:
-        if config.limit is None or len(tasks) < config.limit:
-            tasks.append(task)
-        elif config.skip_invalid:
+def _probe(config: RunConfig, key: str | None) -> None:
+    """The network checks before start: the external policy's endpoint, environment URLs."""
+    if external_policy(config):
+        probe_policy(config, key)
+    probe_environment_urls(config)
+
+
+def _read_head(plan: CollectPlan, rows: Iterator[CheckedRow], most: int | None) -> None:
+    """Read up to ``most`` rows (None: all) into the plan's head, to ``limit`` valid ones;
+    ``complete`` says whether the source ended there (or the limit was reached). Bad rows
+    raise ``InvalidTasksError`` together, unless ``skip_invalid``."""
+    count = 0
+    plan.complete = False
+    while most is None or count < most:
+        if plan.limit is not None and len(plan.head) >= plan.limit:
+            plan.complete = True
             break
-    if plan.rejects and not config.skip_invalid:
-        hint = unknown_environments_hint(config) if check and check.unknown else ""
-        raise InvalidTasksError(plan.source, [exc for exc, _ in plan.rejects], hint)
-    return tasks
+        item = next(rows, None)
+        if item is None:
+            plan.complete = True
+            break
+        count += 1
+        _, _, task, raw = item
+        if isinstance(task, InvalidTaskError):
+            plan.reject(task, raw)
+        else:
+            plan.head.append(task)
+    if plan.rejected and not plan.skip_invalid:
+        errors = [exc for exc, _ in plan.rejects]
+        raise InvalidTasksError(plan.source, errors, plan._hint(), total=plan.rejected)
 
 
-def _parsed(
-    rows: Iterable[Task | dict[str, Any]],
-    default_environment: str | None,
-    on_invalid: Callable[[InvalidTaskError, str | None], None] | None,
-) -> Iterator[Task]:
-    """In-memory rows as tasks (row ``i`` is "line" ``i``, from 1). An unknown environment (or
-    agent) is not checked here: it fails its own episodes, so one row never stops a training
-    loop. A ``task_id`` an earlier row took is refused, as in a file (``UniqueTaskIds``)."""
-    unique = UniqueTaskIds()
-    for line, row in enumerate(rows, start=1):
+def _file_rows(path: Path) -> Iterator[SourceRow]:
+    """A file's rows as read, named by the file."""
+    return ((path.name, line, row, raw) for line, row, raw in iter_task_rows(path))
+
+
+def _shard_rest(
+    shards: ShardSet, config: RunConfig, check: _EnvironmentCheck, unique: UniqueTaskIds
+) -> Callable[[], Iterator[CheckedRow]]:
+    """What opens the rows after the head, through Ray Data, checked with the head's checks
+    (one id set across the whole set); called when the tasks start streaming, Ray up."""
+
+    def open_rest() -> Iterator[CheckedRow]:
+        return check_rows(
+            shards.stream(),
+            default_environment=config.environment,
+            check_environment=check,
+            unique=unique,
+            shards=True,
+        )
+
+    return open_rest
+
+
+def _count_in_background(plan: CollectPlan, shards: ShardSet | None, path: Path) -> None:
+    """Count the source's rows for the progress bar in a thread (``plan.rows``), holding
+    nothing per row: a Parquet file's or Parquet shard set's footers, a JSONL file's lines
+    (a JSONL shard set is not counted: that would read every byte in the driver)."""
+
+    def count() -> None:
         try:
-            task = (
-                row
-                if isinstance(row, Task)
-                else parse_task_row(row, default_environment=default_environment, line=line)
-            )
-            unique.check(task, "<tasks>", line)
-        except InvalidTaskError as exc:
-            if on_invalid is None:
-                raise
-            on_invalid(exc, None)
-            continue
-        yield task
+            plan.rows = shards.count_rows() if shards is not None else _count_rows(path)
+        except OSError:
+            pass  # the bar counts without a total; the run itself reports a file it cannot read
+
+    threading.Thread(target=count, name="count-task-rows", daemon=True).start()
 
 
-def _limited(tasks: Iterator[Task], limit: int | None) -> Iterator[Task]:
-    for i, task in enumerate(tasks):
-        if limit is not None and i >= limit:
-            return
-        yield task
+def _count_rows(path: Path) -> int:
+    """Rows of one tasks file: a Parquet footer's count, or a JSONL file's lines (blank
+    lines counted too: an estimate for the progress bar)."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return int(pq.ParquetFile(path).metadata.num_rows)
+    lines, last = 0, b"\n"
+    with path.open("rb") as file:
+        while chunk := file.read(_COUNT_CHUNK):
+            lines += chunk.count(b"\n")
+            last = chunk[-1:]
+    return lines + (last != b"\n")
 
 
 class _EnvironmentCheck:
     """Whether a task's environment is known (registered, in the config, or importable),
-    remembering the answers: the names it found unknown make the error list the known ones."""
+    remembering the answers: the names it found unknown make the error list the known ones.
+    A known one this machine cannot run raises ``EnvironmentUnavailableError`` (the run's
+    error, not the row's) when it is first met."""
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
@@ -362,6 +338,8 @@ class _EnvironmentCheck:
         if name in self.unknown:
             return False
         found = environment_known(name, self.config)
+        if found:
+            check_environment_available(name, self.config)
         (self.known if found else self.unknown).add(name)
         return found
 
@@ -369,16 +347,6 @@ class _EnvironmentCheck:
 def environment_checker(config: RunConfig) -> Callable[[str], bool]:
     """Whether a task's environment is known: registered, in the config, or importable."""
     return _EnvironmentCheck(config)
-
-
-def expand(
-    tasks: Iterable[Task], num_repeats: int, skip: set[tuple[str, int]]
-) -> Iterator[EpisodeSpec]:
-    """One spec per (task, sample index), leaving out those in ``skip`` (already written)."""
-    for task in tasks:
-        for sample in range(num_repeats):
-            if (task.task_id, sample) not in skip:
-                yield EpisodeSpec(task, sample)
 
 
 def nothing_run() -> RunSnapshot:

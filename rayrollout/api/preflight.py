@@ -10,8 +10,9 @@ nothing listening or without its key a run whose every episode ended ``error``, 
 Each check here turns one such mistake into one ``InputError`` that names the fix, raised
 before anything starts (the command line prints it as one line, exit 2).
 
-What is checked, in the order ``plan_collect`` runs them (cheap and local first, the network
-last, so an empty tasks file never waits on a probe):
+What is checked, in the order ``plan_collect`` runs them (cheap and local first, then the
+network, and only then the task rows, so a mistake here is found in seconds whatever the
+size of the task set; a tasks file without rows never waits on a probe):
 
 1. the tasks path: it exists, is a file, can be read (``check_tasks_file``);
 2. the environment for rows that name none (``--env``): registered, configured or
@@ -20,21 +21,28 @@ last, so an empty tasks file never waits on a probe):
    for the agent (``--agent``, ``check_default_agent``), and the agents a tasks file's rows
    name (``check_task_agents``, once the rows are read: one error for the run, not a row
    error, since a missing agent is a missing install or config entry, never one bad row);
+   and each environment the rows name, as it is first met: whether this machine can run
+   it (``check_environment_available``: its ``Environment.unavailable_reason``, e.g. the
+   code sandbox without bubblewrap), one error for the run, since no episode of it could
+   end ``ok``;
 3. the output folder: a folder, or creatable, and writable, found by making (and removing)
    a hidden temporary entry, since ``os.access`` answers yes to root on any mode
    (``check_output_folder``);
 4. an external policy (kind ``openai``): its base URL, its key's variable set
    (``check_policy_key``), then one ``GET {base_url}/models`` (``probe_policy``): the server
-   answers, takes the key (not 401/403), and lists the model when it lists any.
+   answers, takes the key (not 401/403), and lists the model when it lists any;
+5. each environment served by URL (``--env-url``, ``environments.NAME.url``): one ``GET``
+   of the URL answers at all (``probe_environment_urls``).
 
 An endpoint that needs no key says so with ``policy.api_key_env: ""`` in the config (no
 variable, no key sent), or by setting the variable to any value (vLLM's convention is
 ``EMPTY``). Only the command line insists on the key (``require_key``); a Python caller's run
 without one learns of it from the probe when the server refuses (401 or 403).
 
-The output folder is not checked when the run joins a cluster by address (``ray.address``
-or ``RAY_ADDRESS``): the engine that writes it may run on another node, where the path can be
-fine while this driver's machine has no such mount. Its engine reports such a folder itself.
+The output folder and the environments' needs are not checked when the run joins a cluster
+by address (``ray.address`` or ``RAY_ADDRESS``): the engine that writes the folder and the
+replicas that run the environments may be on other nodes, where the path can be fine and the
+sandbox installed while this driver's machine has neither. They report such problems themselves.
 
 Example:
     >>> check_tasks_file("tasks.jsonl")  # doctest: +SKIP
@@ -59,8 +67,10 @@ from rayrollout.data.config import ConfigError, RunConfig
 from rayrollout.data.schema import Task
 from rayrollout.environment.registry import (
     ENTRY_POINT_GROUP,
+    EnvironmentArgsError,
     UnknownEnvironmentError,
     available_environments,
+    environment_spec,
     load_environment,
 )
 from rayrollout.errors import InputError
@@ -68,6 +78,8 @@ from rayrollout.policy.kinds import policy_kind
 
 __all__ = [
     "PROBE_TIMEOUT_S",
+    "EnvironmentUnavailableError",
+    "EnvironmentUrlError",
     "OutputFolderError",
     "PolicyCheckError",
     "PreflightError",
@@ -75,14 +87,17 @@ __all__ = [
     "check_agent",
     "check_default_agent",
     "check_default_environment",
+    "check_environment_available",
     "check_output_folder",
     "check_policy_key",
     "check_task_agents",
     "check_tasks_file",
     "environment_known",
+    "environment_unavailable",
     "external_policy",
     "known_agents",
     "known_environments",
+    "probe_environment_urls",
     "probe_policy",
     "unknown_agents_hint",
     "unknown_environments_hint",
@@ -102,8 +117,17 @@ class TasksFileError(PreflightError, ConfigError):
     """The tasks path is missing, a directory, or unreadable (a ``ConfigError`` as before)."""
 
 
+class EnvironmentUnavailableError(PreflightError):
+    """An environment the tasks name needs something this machine lacks (a system package,
+    privileges); the message is the environment's own line naming the fix."""
+
+
 class OutputFolderError(PreflightError):
     """The output folder is a file, or cannot be created or written."""
+
+
+class EnvironmentUrlError(PreflightError):
+    """An environment served by URL (``--env-url``) that does not answer."""
 
 
 class PolicyCheckError(PreflightError):
@@ -186,6 +210,36 @@ def check_default_environment(config: RunConfig) -> None:
         raise UnknownEnvironmentError(
             f"unknown environment {name!r} in --env (the config's 'environment'): pass a "
             f"known one. {unknown_environments_hint(config)}"
+        )
+
+
+def environment_unavailable(name: str, config: RunConfig) -> str | None:
+    """Why this machine cannot run environment ``name`` (its ``unavailable_reason``), or None.
+
+    None too where the question is not this machine's: the environment runs on a server
+    (``environments.NAME.url``), or the run joins a cluster by address; and where the name
+    does not resolve (the checks of names report that).
+    """
+    settings = config.environment_config(name)
+    if settings.url is not None or _joins_a_cluster(config):
+        return None
+    try:
+        cls = environment_spec(name, settings).load()
+    except (UnknownEnvironmentError, EnvironmentArgsError):
+        return None
+    return cls.unavailable_reason()
+
+
+def check_environment_available(name: str, config: RunConfig) -> None:
+    """This machine can run environment ``name`` (see ``environment_unavailable``).
+
+    Raises:
+        EnvironmentUnavailableError: it cannot; the message carries the environment's fix.
+    """
+    reason = environment_unavailable(name, config)
+    if reason is not None:
+        raise EnvironmentUnavailableError(
+            f"environment {name!r} cannot run on this machine: {reason}. Nothing was started"
         )
 
 
@@ -392,6 +446,33 @@ def probe_policy(config: RunConfig, key: str | None, timeout_s: float = PROBE_TI
             f"model {policy.model!r} is not served at {base} (GET /models lists {shown}{more}): "
             "pass --model with one of them (policy.model)"
         )
+
+
+def probe_environment_urls(config: RunConfig, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """One ``GET`` of each environment URL in the config: any HTTP answer passes (a NeMo Gym
+    resources server answers 404 at its root); only silence is refused.
+
+    Raises:
+        EnvironmentUrlError: nothing answers at one of them (refused, unknown host, timeout).
+    """
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    for name, settings in sorted(config.environments.items()):
+        if settings.url is None:
+            continue
+        try:
+            opener.open(settings.url, timeout=timeout_s).close()
+        except urllib.error.HTTPError as exc:
+            exc.close()
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
+            reason = getattr(exc, "reason", exc)
+            if isinstance(reason, TimeoutError):
+                reason = f"no answer within {timeout_s:g} s"
+            elif isinstance(reason, OSError) and reason.strerror:
+                reason = reason.strerror
+            raise EnvironmentUrlError(
+                f"environment {name!r} at {settings.url} does not answer (GET: {reason}): start "
+                f"the server, or pass the right --env-url (environments.{name}.url)"
+            ) from None
 
 
 def _refused(config: RunConfig, key: str | None, status: int) -> str:

@@ -3,7 +3,12 @@
 It brings up Ray, Serve, the policy and the named engine actor, feeds episodes to the engine
 in batches (waiting when the engine's queue is full), and reports progress while it waits.
 ``collect`` reads and checks its tasks through ``api.collect``, the one path the command
-line takes too; ``rayrollout up`` is ``start(detached=True)``.
+line takes too; ``rayrollout up`` is ``start(detached=True)``. Episodes are read from their
+source in a thread (``spec_feed``: reading and checking rows never stalls the progress
+reports) and only as fast as the engine's queue takes them: the driver holds two batches
+ahead, never the task set. A source that fails mid-run (a bad row
+past the checked head) ends the submitting; what was submitted still finishes and is
+written before the error is raised, so ``--resume`` goes on from there.
 
 One job, the driver's side of a run, which is why it is over 400 lines: starting or attaching
 to the engine, feeding it, and turning its failures into one error each belong together.
@@ -35,6 +40,7 @@ from rayrollout.api.collect import (
     plan_collect,
     refuse_old_parts,
 )
+from rayrollout.api.spec_feed import SpecFeed
 from rayrollout.auth import RouteAuth, new_token, write_token_file
 from rayrollout.data.config import RunConfig
 from rayrollout.data.run_folder import RunFolder
@@ -258,7 +264,12 @@ class RolloutEngine:
         on_progress: ProgressCallback | None = None,
         progress_interval_s: float = 0.5,
     ) -> RunSnapshot:
-        """Run episodes to the end, writing them out; returns the run's figures."""
+        """Run episodes to the end, writing them out; returns the run's figures.
+
+        ``specs`` is read a batch at a time as the engine's queue takes them. If reading it
+        raises, the episodes submitted before finish and are written, then the error is
+        raised.
+        """
         if self.engine is None:
             self.start()
         try:
@@ -291,21 +302,25 @@ class RolloutEngine:
 
         await self.engine.begin.remote()
         reporter = asyncio.create_task(report())
+        feed = SpecFeed(specs, ahead=2 * _SUBMIT_BATCH)  # reads in its thread, never further
+        stopped: Exception | None = None
         try:
-            batch: list[EpisodeSpec] = []
-            for spec in specs:
-                batch.append(spec)
-                if len(batch) >= _SUBMIT_BATCH:
+            ended = False
+            while not ended:
+                # What is ready, at least one spec; a source that fails hands over what it
+                # read before the error, which is submitted and run out.
+                batch, ended, stopped = await asyncio.to_thread(feed.take, _SUBMIT_BATCH)
+                if batch:
                     await self.engine.submit.remote(batch)
-                    batch = []
-            if batch:
-                await self.engine.submit.remote(batch)
             summary = await self.engine.finish.remote()
         finally:
+            feed.stop()
             done.set()
             await reporter
         if on_progress is not None:
             on_progress(summary)
+        if stopped is not None:
+            raise stopped
         return summary
 
     def flush(self) -> None:
@@ -322,21 +337,26 @@ class RolloutEngine:
     ) -> CollectResult:
         """Run every task ``num_repeats`` times; the trajectories land in the output folder.
 
-        What ``rayrollout collect`` runs: a tasks file is read once, and every row of it (or
-        of a list) is checked before anything starts; the config's ``skip_invalid`` (bad
-        rows to the output folder's rejects file), ``limit`` and ``resume`` apply.
+        What ``rayrollout collect`` runs: the checks that need no rows first, then a tasks
+        file's first rows (all of a small file, or of a list), then the rest streamed to the
+        engine as it takes them, each row checked on the way, in memory flat however many
+        rows there are (``api.collect``); the config's ``skip_invalid`` (bad rows to the
+        output folder's rejects file), ``limit`` and ``resume`` apply.
 
         Args:
-            tasks: A tasks file (JSONL or Parquet), a list of rows (``Task`` objects or
-                dicts), or an iterator of rows (streamed: each checked as it is submitted);
-                None: the config's ``tasks`` file.
+            tasks: A tasks file (JSONL or Parquet), a shard set (a directory or glob of
+                them, read through Ray Data), a list of rows (``Task`` objects or dicts), or
+                an iterator of rows (streamed: each checked as it is submitted); None: the
+                config's ``tasks``.
             num_repeats: Samples per task (default: the config's).
             on_progress: Called with the engine's figures every 0.5 s and at the end.
             on_plan: Called once the engine holds the output folder, before the first
                 episode, with what will run (``CollectPlan``: episodes, rejects, written).
 
         Raises:
-            InvalidTasksError: bad rows (without ``skip_invalid``); nothing was started.
+            InvalidTasksError: bad rows (without ``skip_invalid``): among the first rows,
+                and nothing was started; or past them (``stopped``), and the run stopped at
+                the first, the episodes before it written.
             OutputNotEmptyError: the output folder holds an earlier run's parts, and neither
                 ``resume`` nor ``output.overwrite`` is set; nothing was run.
             EngineDiedError: the engine actor died mid-run; ``resume`` finishes it.

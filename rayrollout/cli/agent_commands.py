@@ -80,13 +80,26 @@ def agent_test(
             "policy, in this process.",
         ),
     ] = None,
-    model: Annotated[str | None, typer.Option("--model", help="Model name sent to it.")] = None,
-    api: Annotated[str | None, typer.Option("--api", help="chat (default) or responses.")] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            help="Model name sent to it.",
+            show_default="--config's policy.model, else scripted",
+        ),
+    ] = None,
+    api: Annotated[
+        str | None,
+        typer.Option(
+            "--api", help="chat or responses.", show_default="--config's policy.api, else chat"
+        ),
+    ] = None,
     episode_timeout: Annotated[
         float | None,
         typer.Option(
             "--episode-timeout",
-            help="Seconds the agent may take per episode (agents.episode_timeout_s).",
+            help="Seconds the agent may take per episode.",
+            show_default="--config's agents.episode_timeout_s, else 1800.0",
         ),
     ] = None,
     config_file: Annotated[

@@ -36,10 +36,13 @@ __all__ = ["collect", "demo", "parse_env_urls", "run_collect"]
 def run_collect(config: RunConfig) -> RunSnapshot:
     """Run ``collect`` for a config, showing progress and the summary; returns the figures.
 
-    The tasks are read and every check before start runs first (``plan_collect``), so a
+    Every check before start and the tasks' first rows run first (``plan_collect``), so a
     mistake costs no Ray start-up; a tasks file without rows ends here with a notice, exit 0.
+    The rest of the rows stream to the engine as it takes them: a row skipped on the way is
+    printed as it is met (the first ``MAX_ERRORS_SHOWN``), and the bar's total, an estimate
+    from a count of the rows made beside the start, appears once the count is done.
     """
-    from rayrollout.api.collect import plan_collect
+    from rayrollout.api.collect import MAX_ERRORS_SHOWN, plan_collect
     from rayrollout.api.rollout_engine import RolloutEngine
     from rayrollout.cli.progress import RunProgress, summary_table
     from rayrollout.data.run_folder import REJECTS_FILE
@@ -62,8 +65,9 @@ def run_collect(config: RunConfig) -> RunSnapshot:
         # stack and dies with rc 15), which would skip the flush of finished episodes.
         signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
         planned.append(plan)
-        for exc, _ in plan.rejects:
+        for exc, _ in plan.rejects[:MAX_ERRORS_SHOWN]:
             console.print(f"[yellow]skipped[/yellow] {escape(str(exc))}", highlight=False)
+        plan.on_reject = skipped
         if engine.config.resume:
             console.print(
                 f"resume: {len(plan.written)} episode(s) already in {engine.config.output.dir}"
@@ -74,10 +78,20 @@ def run_collect(config: RunConfig) -> RunSnapshot:
         )
         progress.begin(plan.episodes)
 
+    def skipped(exc: Exception) -> None:  # a row skipped while the run streams
+        if planned[0].rejected <= MAX_ERRORS_SHOWN:
+            console.print(f"[yellow]skipped[/yellow] {escape(str(exc))}", highlight=False)
+
+    def update(snapshot: RunSnapshot) -> None:
+        if planned and not planned[0].complete:  # the estimate moves as rows are counted
+            progress.begin(planned[0].episodes)  # and rejected
+        progress.update(snapshot)
+
     with engine:
         try:
             with progress:
-                result = engine.collect(plan, on_plan=show_plan, on_progress=progress.update)
+                result = engine.collect(plan, on_plan=show_plan, on_progress=update)
+                progress.begin(result.summary.total.episodes)  # the bar ends full
         except KeyboardInterrupt:
             console.print("[yellow]interrupted:[/yellow] writing finished episodes ...")
             engine.flush()
@@ -87,7 +101,7 @@ def run_collect(config: RunConfig) -> RunSnapshot:
     summary = result.summary
     out_dir, fmt = Path(engine.config.output.dir), engine.config.output.format
     console.print(summary_table(summary))
-    rejects = len(planned[0].rejects) if planned else 0
+    rejects = planned[0].rejected if planned else 0
     if rejects:
         console.print(f"{rejects} invalid row(s) skipped; see {out_dir / REJECTS_FILE}")
     console.print(  # unwrapped: the path and the call stay whole, to copy
@@ -147,20 +161,39 @@ def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
 # readable=False: click's own check would print a boxed usage error; the API's check
 # (api.preflight.check_tasks_file) prints one line naming the fix, for Python callers too.
 _TASKS = typer.Argument(
-    help="Tasks file: JSONL or Parquet rows (rayrollout or NeMo Gym format).", readable=False
+    help="Tasks file: JSONL or Parquet rows (rayrollout or NeMo Gym format), or a directory "
+    "or quoted glob of such shards (read through Ray Data).",
+    readable=False,
 )
-_OUT = typer.Option("--out", "-o", help="Output folder of part files.")
-_FORMAT = typer.Option("--format", help="parquet (default) or jsonl.")
+# A flag left out takes the --config file's value, else the config's own default: --help
+# shows both (spelled out so that --help loads no config; tests/test_cli_help.py checks them).
+_OUT = typer.Option(
+    "--out",
+    "-o",
+    help="Output folder of part files.",
+    show_default="--config's output.dir, else rollouts",
+)
+_FORMAT = typer.Option(
+    "--format",
+    help="parquet or jsonl.",
+    show_default="--config's output.format, else parquet",
+)
 _ENV = typer.Option("--env", help="Environment for rows that name none.")
 _AGENT = typer.Option(
-    "--agent", help="Agent for rows that name none (default tool_loop; `rayrollout agent list`)."
+    "--agent",
+    help="Agent for rows that name none (`rayrollout agent list`).",
+    show_default="--config's agent, else tool_loop",
 )
 _ENV_URL = typer.Option(
     "--env-url",
     help="NAME=URL: use the NeMo Gym resources server at URL as environment NAME "
     "(repeatable); rows name it in 'environment' or via --env NAME.",
 )
-_POLICY = typer.Option("--policy", help="'scripted' (built-in test policy).")
+_POLICY = typer.Option(
+    "--policy",
+    help="'scripted' (built-in test policy).",
+    show_default="--config's policy.kind, else scripted",
+)
 _BASE_URL = typer.Option(
     "--base-url",
     help="OpenAI-compatible endpoint; key from OPENAI_API_KEY (OPENAI_API_KEY=EMPTY: none "
@@ -170,12 +203,34 @@ _POLICY_CONFIG = typer.Option(
     "--policy-config",
     help="Deploy vLLM on Ray Serve LLM from this file (deployments/vllm/cpu.yaml).",
 )
-_MODEL = typer.Option("--model", help="Model name sent to the endpoint.")
-_API = typer.Option("--api", help="chat (default) or responses.")
-_NUM_REPEATS = typer.Option("--num-repeats", "-n", help="Samples per task.")
-_CONCURRENCY = typer.Option("--concurrency", "-c", help="Episodes running at once, at most.")
-_NUM_AGENTS = typer.Option("--num-agents", help="Agent actors.")
-_LIMIT = typer.Option("--limit", help="Read at most this many tasks.")
+_MODEL = typer.Option(
+    "--model",
+    help="Model name sent to the endpoint.",
+    show_default="--config's policy.model, else scripted",
+)
+_API = typer.Option(
+    "--api", help="chat or responses.", show_default="--config's policy.api, else chat"
+)
+_NUM_REPEATS = typer.Option(
+    "--num-repeats",
+    "-n",
+    help="Samples per task.",
+    show_default="--config's num_repeats, else 1",
+)
+_CONCURRENCY = typer.Option(
+    "--concurrency",
+    "-c",
+    help="Episodes running at once, at most.",
+    show_default="--config's concurrency, else 256",
+)
+_NUM_AGENTS = typer.Option(
+    "--num-agents",
+    help="Agent actors.",
+    show_default="--config's agents.num_agents, else 2",
+)
+_LIMIT = typer.Option(
+    "--limit", help="Read at most this many tasks.", show_default="--config's limit, else all"
+)
 _RESUME = typer.Option(
     "--resume",
     help="Finish the run in --out: write only the (task_id, sample_index) pairs missing there "
@@ -189,7 +244,11 @@ _OVERWRITE = typer.Option(
 _SKIP_INVALID = typer.Option(
     "--skip-invalid", help=f"Run valid rows; write bad ones to {_REJECTS_FILE}."
 )
-_NAMESPACE = typer.Option("--namespace", help="Ray namespace of the run.")
+_NAMESPACE = typer.Option(
+    "--namespace",
+    help="Ray namespace of the run.",
+    show_default="--config's namespace, else rayrollout",
+)
 _CONFIG = typer.Option("--config", help="YAML config; flags override it.")
 _VERBOSE = typer.Option(
     "--verbose",
@@ -275,17 +334,25 @@ def demo(
     ] = 12,
     agent: Annotated[
         str | None,
-        typer.Option("--agent", help="Agent that plays every episode (default tool_loop)."),
+        typer.Option(
+            "--agent",
+            help="Agent that plays every episode.",
+            show_default="--config's agent, else tool_loop",
+        ),
     ] = None,
     config: Annotated[Path | None, _CONFIG] = None,
     verbose: Annotated[bool, _VERBOSE] = False,
 ) -> None:
-    """Run the built-in environments' example tasks against the scripted policy, locally."""
-    from rayrollout.cli.demo import demo_tasks_file
+    """Run the built-in environments' example tasks against the scripted policy, locally.
+
+    An environment this machine cannot run (the code sandbox without bubblewrap) is left
+    out, with one line saying why and how to get it.
+    """
+    from rayrollout.cli.demo import write_demo_tasks
     from rayrollout.cli.failures import report_failures
     from rayrollout.data.config import load_config
 
-    tasks_file = demo_tasks_file(Path(out).parent / f".{Path(out).name}-tasks.jsonl")
+    tasks_file = Path(out).parent / f".{Path(out).name}-tasks.jsonl"
     # The demo's folder is its own: each demo run replaces the last one's parts.
     flags: dict[str, Any] = {
         "tasks": str(tasks_file),
@@ -295,6 +362,12 @@ def demo(
     if agent:
         flags["agent"] = agent
     run_config = load_config(config, flags)
+    for name, reason in write_demo_tasks(tasks_file, run_config).items():
+        console.print(
+            f"[yellow]left out[/yellow] environment '{name}': {escape(reason)}",
+            highlight=False,
+            soft_wrap=True,  # one line: the fix stays whole, to copy
+        )
     with routed_logs(console, run_config.output.dir, verbose):
         summary = run_collect(run_config)
         report_failures(console, summary)

@@ -62,7 +62,11 @@ def env_test(
     name: Annotated[str, typer.Argument(help="Registered environment name or 'module:Class'.")],
     cases: Annotated[
         Path | None,
-        typer.Option("--cases", help="Verifier cases file (default: verifier_cases.jsonl)."),
+        typer.Option(
+            "--cases",
+            help="Verifier cases file.",
+            show_default="verifier_cases.jsonl in the environment's folder",
+        ),
     ] = None,
     cases_only: Annotated[
         bool, typer.Option("--cases-only", help="Skip the tool tests (the folder's tests/).")
@@ -81,13 +85,18 @@ def env_test(
     from rayrollout.environment.testing import (
         CASES_FILE,
         environment_folder,
+        missing_test_packages,
         read_cases,
         run_case,
         run_tool_tests,
+        tool_tests_folder,
     )
 
     spec = configured_environment(name, config_file)
     env_cls = spec.load()
+    unavailable = env_cls.unavailable_reason()  # one line, not a failed case per case
+    if unavailable is not None:
+        fail(f"environment '{name}' cannot run on this machine: {unavailable}", 1)
     path = cases or environment_folder(env_cls) / CASES_FILE
     if not path.exists():
         fail(
@@ -124,7 +133,15 @@ def env_test(
     if failed:
         raise typer.Exit(1)
     console.print(f"{len(results)} verifier case(s) passed")
-    if not cases_only:
+    if not cases_only and tool_tests_folder(env_cls) is not None:
+        missing = missing_test_packages()
+        if missing:
+            fail(
+                f"the tool tests of '{name}' did not run: they need {', '.join(missing)}, not "
+                "installed here: pip install 'rayrollout[dev]' (or pass --cases-only to run "
+                "only the verifier cases)",
+                1,
+            )
         code = run_tool_tests(env_cls, ["-k", select] if select else None)
         if code not in (0, 5):  # 5: the folder has no tests
             console.print(f"[red]FAILED[/red] tool tests of '{name}' (pytest exit code {code})")
@@ -165,8 +182,8 @@ def env_serve(
         typer.Option(
             "--token-file",
             help="File holding the bearer token requests must send ('Authorization: Bearer "
-            "TOKEN'); made (owner-only) with a new token when missing. Default: "
-            "~/.rayrollout/env-serve/NAME-PORT.token",
+            "TOKEN'); made (owner-only) with a new token when missing.",
+            show_default="NAME-PORT.token in ~/.rayrollout/env-serve",
         ),
     ] = None,
     no_auth: Annotated[
@@ -183,7 +200,7 @@ def env_serve(
 
     Requests must carry the bearer token in --token-file (printed at start); NeMo Gym's
     simple_agent and ng_collect_rollouts send none, so ng_run starts it with --no-auth
-    (see README, "NeMo Gym").
+    (see docs/how-to/nemo-gym.md).
     """
     import os
     import time

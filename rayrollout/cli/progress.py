@@ -2,7 +2,8 @@
 
 Both fit an 80-column terminal without cutting a figure: the bar's optional parts (episodes
 in flight) show only where there is room, and the table keeps to the figures a reader
-compares across environments, listing statuses other than ``ok`` only.
+compares across environments, listing statuses other than ``ok`` only. Rewards are any
+finite float, shown as they are (``reward_text``: -1.000, 3.000; -1.235e+05 past 9999).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from rayrollout.cli.console_log import logs_routed
 from rayrollout.engine.figures import RunSnapshot
 from rayrollout.engine.stats import EnvStats
 
-__all__ = ["RunProgress", "summary_table"]
+__all__ = ["RunProgress", "reward_text", "summary_table"]
 
 
 class RunProgress:
@@ -54,7 +55,7 @@ class RunProgress:
             BarColumn(bar_width=max(4, min(40, console.width - (84 if wide else 72)))),
             MofNCompleteColumn(),
             TextColumn("{task.fields[rate]:.1f}/s"),
-            TextColumn("reward {task.fields[reward]:.3f}"),
+            TextColumn("reward {task.fields[reward]}"),
             TextColumn("errors {task.fields[errors]}"),
         ]
         if wide:
@@ -68,7 +69,7 @@ class RunProgress:
             redirect_stderr=redirect,
         )
         self.task_id = self.progress.add_task(
-            "run", total=total, rate=0.0, reward=0.0, errors=0, in_flight=0
+            "run", total=total, rate=0.0, reward=reward_text(0.0), errors=0, in_flight=0
         )
 
     def __enter__(self) -> RunProgress:
@@ -88,7 +89,7 @@ class RunProgress:
             self.task_id,
             completed=total.episodes,
             rate=snapshot.episodes_per_s,
-            reward=total.mean_reward,
+            reward=reward_text(total.mean_reward),
             errors=total.errors,
             in_flight=snapshot.in_flight,
         )
@@ -131,7 +132,7 @@ def summary_table(snapshot: RunSnapshot) -> Table:
         table.add_row(
             f"[bold]{name}" if name == "total" else name,
             str(stats.episodes),
-            f"{stats.mean_reward:.3f}",
+            reward_text(stats.mean_reward),
             f"{stats.turns / n:.2f}",
             f"{stats.tool_calls / n:.2f}",
             f"{_seconds(stats.percentile(0.5))}/{_seconds(stats.percentile(0.95))}",
@@ -139,6 +140,12 @@ def summary_table(snapshot: RunSnapshot) -> Table:
             _statuses(stats),
         )
     return table
+
+
+def reward_text(value: float) -> str:
+    """A reward as the bar and the table show it: three decimals, or four significant
+    digits with an exponent past 9999 (at most 11 characters, so the table keeps 80 columns)."""
+    return f"{value:.3f}" if abs(value) < 10_000 else f"{value:.3e}"
 
 
 def _seconds(value: float) -> str:

@@ -21,13 +21,14 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from rayrollout.data.run_summary import RunSummary, group_stds
+from rayrollout.data.run_summary import PASS_REWARD, RunSummary, group_stds, zero_spread
 
 __all__ = [
     "STATUS_COLOURS",
     "status_colour",
     "groups_plot",
     "lengths_plot",
+    "reward_range",
     "rewards_plot",
     "statuses_plot",
     "throughput_plot",
@@ -189,23 +190,41 @@ def _seconds_text(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def reward_range(frame: pd.DataFrame) -> tuple[float, float]:
+    """The reward axis: [0, 1], widened to every reward the rows hold (rewards are any
+    finite float, and a plot that cut them off would hide them)."""
+    rewards = frame["reward"].to_numpy(dtype=float)
+    if not len(rewards):
+        return 0.0, 1.0
+    return min(0.0, float(rewards.min())), max(1.0, float(rewards.max()))
+
+
 def rewards_plot(frame: pd.DataFrame) -> str:
-    """Reward histogram per environment, and mean reward and pass rate per environment."""
-    figure, (hist_ax, bar_ax) = _figure(1, 2)
+    """Reward histogram per environment over every reward's range; mean reward and the pass
+    rate (reward >= ``PASS_REWARD``) per environment, each on its own axis."""
+    figure, (hist_ax, mean_ax, pass_ax) = _figure(1, 3)
     envs, values = _by_env(frame, "reward")
-    hist_ax.hist(values, bins=10, range=(0, 1), label=envs, color=_env_colours(envs))
-    hist_ax.set_xlabel("reward")
+    low, high = reward_range(frame)
+    bins = 10 if (low, high) == (0.0, 1.0) else 20
+    hist_ax.hist(values, bins=bins, range=(low, high), label=envs, color=_env_colours(envs))
+    hist_ax.set_xlabel(f"reward ({low:g} to {high:g})")
     hist_ax.set_ylabel("episodes")
     hist_ax.legend(fontsize="small")
-    x = np.arange(len(envs))
     means = [float(v.mean()) if len(v) else 0.0 for v in values]
-    passed = [float((v >= 1.0).mean()) if len(v) else 0.0 for v in values]
-    bar_ax.bar(x - 0.2, means, 0.4, label="mean reward", color="#1f77b4")
-    bar_ax.bar(x + 0.2, passed, 0.4, label="pass rate (reward 1)", color="#2e7d32")
-    bar_ax.set_xticks(x, envs)
-    bar_ax.set_ylim(0, 1.05)
-    bar_ax.legend(fontsize="small")
+    passed = [float((v >= PASS_REWARD).mean()) if len(v) else 0.0 for v in values]
+    mean_ax.bar(envs, means, color=_env_colours(envs))
+    mean_ax.axhline(0.0, color="#757575", linewidth=0.8)
+    mean_ax.set_ylim(*_padded(low, high))
+    mean_ax.set_ylabel("mean reward")
+    pass_ax.bar(envs, passed, color="#2e7d32")
+    pass_ax.set_ylim(0, 1.05)
+    pass_ax.set_ylabel(f"pass rate (share with reward >= {PASS_REWARD:g})")
     return _img(figure, "reward histogram, mean reward and pass rate per environment")
+
+
+def _padded(low: float, high: float) -> tuple[float, float]:
+    pad = 0.05 * (high - low)
+    return (low - pad if low < 0 else low), high + pad
 
 
 def groups_plot(frame: pd.DataFrame) -> str:
@@ -213,15 +232,19 @@ def groups_plot(frame: pd.DataFrame) -> str:
     per environment."""
     figure, (hist_ax, bar_ax) = _figure(1, 2)
     stds = group_stds(frame)
+    zero = zero_spread(frame, stds)
     env_of = frame.groupby("task_id")["environment"].first()
     envs = sorted(frame["environment"].unique())
     per_env = [stds[env_of[stds.index] == e].to_numpy() for e in envs]
-    edges = np.linspace(0, 0.5, 21).tolist()  # a std of rewards in [0, 1] is at most 0.5
+    zero_per_env = [zero[env_of[zero.index] == e].to_numpy() for e in envs]
+    # A std of rewards in [0, 1] is at most 0.5; wider rewards widen the axis to theirs.
+    top = max(0.5, float(stds.max())) if len(stds) else 0.5
+    edges = np.linspace(0, top, 21).tolist()
     hist_ax.hist(per_env, bins=edges, label=envs, color=_env_colours(envs))
     hist_ax.set_xlabel("reward std within a group (0: every sample scored the same)")
     hist_ax.set_ylabel("groups")
     hist_ax.legend(fontsize="small")
-    shares = [float((v <= 1e-12).mean()) if len(v) else 0.0 for v in per_env]
+    shares = [float(v.mean()) if len(v) else 0.0 for v in zero_per_env]
     bar_ax.bar(envs, shares, color=_env_colours(envs))
     bar_ax.set_ylim(0, 1.05)
     bar_ax.set_ylabel("share of groups with zero spread")
@@ -299,5 +322,5 @@ def versions_plot(frame: pd.DataFrame) -> str:
     reward_ax.plot(by_version.index.astype(str), by_version["mean"], marker="o", color="#2e7d32")
     reward_ax.set_xlabel("policy version")
     reward_ax.set_ylabel("mean reward")
-    reward_ax.set_ylim(0, 1.05)
+    reward_ax.set_ylim(*_padded(*reward_range(frame)))
     return _img(figure, "episodes and mean reward per policy version")

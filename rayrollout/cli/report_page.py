@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from rayrollout.cli.report_figures import status_colour
-from rayrollout.data.run_summary import RunSummary
+from rayrollout.data.run_summary import PASS_REWARD, RunSummary
 
 __all__ = [
     "LIST_LIMIT",
@@ -122,7 +122,18 @@ def headline(summary: RunSummary) -> str:
         _card("episodes", "episodes", summary.episodes, f"{summary.episodes:,}"),
         _card("tasks", "tasks", summary.tasks, f"{summary.tasks:,}"),
         _card("mean_reward", "mean reward", summary.mean_reward, f"{summary.mean_reward:.3f}"),
-        _card("pass_rate", "pass rate (reward 1)", summary.pass_rate, f"{summary.pass_rate:.1%}"),
+        _card(
+            "reward_range",
+            "reward range",
+            summary.max_reward - summary.min_reward,
+            f"{summary.min_reward:g} to {summary.max_reward:g}",
+        ),
+        _card(
+            "pass_rate",
+            f"pass rate (reward >= {PASS_REWARD:g})",
+            summary.pass_rate,
+            f"{summary.pass_rate:.1%}",
+        ),
         _card("errors", "not ok", summary.errors, f"{summary.errors:,}"),
         _card("active_s", "duration (active)", summary.active_s, _seconds(summary.active_s)),
         _card(
@@ -189,7 +200,8 @@ def per_env_table(frame: pd.DataFrame) -> str:
         "environment",
         "episodes",
         "mean reward",
-        "pass rate",
+        "reward range",
+        f"pass rate (reward >= {PASS_REWARD:g})",
         "turns/ep",
         "tool calls/ep",
         "prompt tok/ep",
@@ -206,7 +218,8 @@ def per_env_table(frame: pd.DataFrame) -> str:
             f'<td class="text">{_esc(env)}</td>',
             f"<td>{len(rows_of):,}</td>",
             f"<td>{rows_of['reward'].mean():.3f}</td>",
-            f"<td>{(rows_of['reward'] >= 1.0).mean():.1%}</td>",
+            f"<td>{rows_of['reward'].min():g} to {rows_of['reward'].max():g}</td>",
+            f"<td>{(rows_of['reward'] >= PASS_REWARD).mean():.1%}</td>",
             f"<td>{rows_of['m_turns'].mean():.2f}</td>",
             f"<td>{rows_of['m_tool_calls'].mean():.2f}</td>",
             f"<td>{rows_of['m_tokens_in'].mean():,.0f}</td>",

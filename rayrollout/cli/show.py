@@ -1,5 +1,8 @@
 """``rayrollout show``: one trajectory as a readable conversation in the terminal.
 
+The header gives the reward (any finite float, -1 and 3 as they are); for an episode that
+stepped a reset/step environment, a table gives each step's reward and their running sum.
+
 Finding the row uses ``RunFolder``'s filtered scan (Parquet row groups are skipped by
 statistics, JSONL lines without the task id are never parsed), so a large output folder is
 never loaded whole.
@@ -63,7 +66,7 @@ def render_trajectory(trajectory: Trajectory, console: Console) -> None:
     played = trajectory.played_by or "-"
     header.add_row("agent", f"{played}  (on {trajectory.agent})" if trajectory.agent else played)
     header.add_row("status", Text(trajectory.status, style=status_style))
-    header.add_row("reward", f"{trajectory.reward:.3f}")
+    header.add_row("reward", f"{trajectory.reward:.3f}")  # any finite float: -1.000, 3.000
     if trajectory.error:
         header.add_row("error", Text(trajectory.error, style="red"))
     console.print(Panel(header, title="trajectory", title_align="left"))
@@ -142,3 +145,21 @@ def render_trajectory(trajectory: Trajectory, console: Console) -> None:
                 f"{turn.seconds:.3f}",
             )
         console.print(turns)
+    _step_rewards(trajectory, console)
+
+
+def _step_rewards(trajectory: Trajectory, console: Console) -> None:
+    """The reward of each environment step, by the model call whose reply was its action,
+    and their running sum (a reset/step episode's reward is their sum unless its
+    environment says otherwise)."""
+    stepped = [
+        (i, t.step_reward) for i, t in enumerate(trajectory.turns) if t.step_reward is not None
+    ]
+    if not stepped:
+        return
+    table = Table("step", "turn", "reward", "sum so far", title="environment steps")
+    total = 0.0
+    for number, (turn, reward) in enumerate(stepped, 1):
+        total += reward
+        table.add_row(str(number), str(turn), f"{reward:.3f}", f"{total:.3f}")
+    console.print(table)

@@ -25,12 +25,19 @@ def show(
     directory: Annotated[Path, typer.Argument(help="Output folder of a run.")],
     task_id: Annotated[
         str | None,
-        typer.Option("--task-id", help="Task to print as a conversation (default: list episodes)."),
+        typer.Option(
+            "--task-id",
+            help="Task to print as a conversation.",
+            show_default="none: list the episodes",
+        ),
     ] = None,
     sample: Annotated[
         int | None,
         typer.Option(
-            "--sample", "--sample-index", help="Sample index of --task-id (default: every one)."
+            "--sample",
+            "--sample-index",
+            help="Sample index of --task-id.",
+            show_default="every sample",
         ),
     ] = None,
     status: Annotated[

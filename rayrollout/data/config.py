@@ -19,6 +19,7 @@ from rayrollout.data.environment_config import (
     EnvironmentConfig,
 )
 from rayrollout.data.run_folder import REJECTS_FILE
+from rayrollout.data.service_config import ServiceConfig
 from rayrollout.errors import InputError
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "RayConfig",
     "RunConfig",
     "ScriptedPolicyConfig",
+    "ServiceConfig",
     "TrainingConfig",
     "load_config",
 ]
@@ -331,6 +333,10 @@ class RunConfig(_Config):
     ray: RayConfig = Field(default_factory=RayConfig)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
+    service: ServiceConfig = Field(
+        default_factory=ServiceConfig,
+        description="The HTTP rollout API `rayrollout up` starts (docs/how-to/service.md).",
+    )
 
     def environment_config(self, name: str) -> EnvironmentConfig:
         """Settings of one environment (defaults when the config names it not)."""

@@ -21,7 +21,7 @@ turns into its default) instead of hiding the field in newer parts.
 
 Example:
     >>> folder = RunFolder("rollouts/run1")  # doctest: +SKIP
-    >>> done = folder.written_keys()  # {(task_id, sample_index), ...}  # doctest: +SKIP
+    >>> done = folder.written_digests()  # (task_id, sample_index) in done  # doctest: +SKIP
     >>> first = next(folder.trajectories())  # doctest: +SKIP
 """
 
@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 
 from rayrollout.data.folder_lock import LockHolder, acquire
 from rayrollout.data.schema import Trajectory, trajectory_arrow_schema
+from rayrollout.data.task_digests import DigestTable, NextSamples, SampleKeys
 from rayrollout.errors import OutputError
 
 __all__ = [
@@ -91,7 +92,7 @@ class RunFolder:
         self.driver_pid: int | None = None
         """The process whose run this writer serves (its driver), noted in the lock file so
         that a second run can tell a live run from a killed one's orphan; None: this one."""
-        self._rejected: set[str] | None = None  # the rejects file's rows, read when first needed
+        self._rejected: DigestTable | None = None  # digests of the rejects file's lines
 
     def __repr__(self) -> str:
         return f"RunFolder({str(self.path)!r}, fmt={self._format!r})"
@@ -145,19 +146,23 @@ class RunFolder:
 
     def add_reject(self, record: dict[str, Any]) -> None:
         """Append one rejected task row's record (reason and raw line) to the rejects file,
-        once: a ``--resume`` reads the same tasks file and meets the same bad rows again."""
+        once: a ``--resume`` reads the same tasks file and meets the same bad rows again.
+        The lines written are remembered by digest, so a million bad rows cost 12 bytes
+        each, not their text."""
         line = json.dumps(record, ensure_ascii=False)
         if self._rejected is None:
+            self._rejected = DigestTable()
             try:
-                self._rejected = set(self.rejects_path.read_text(encoding="utf-8").splitlines())
+                with self.rejects_path.open(encoding="utf-8") as file:
+                    self._rejected.load(known.rstrip("\n").encode() for known in file)
             except FileNotFoundError:
-                self._rejected = set()
-        if line in self._rejected:
+                pass
+        if line.encode() in self._rejected:
             return
         self.create()
         with self.rejects_path.open("a", encoding="utf-8") as file:
             file.write(line + "\n")
-        self._rejected.add(line)
+        self._rejected.setdefault(line.encode())
 
     # Writing.
 
@@ -290,30 +295,43 @@ class RunFolder:
             tables.append(pa.Table.from_pylist(rows, schema=SCHEMA).select(columns))
         return pa.concat_tables(tables) if tables else schema.empty_table()
 
-    def written_keys(self) -> set[tuple[str, int]]:
-        """Every ``(task_id, sample_index)`` in the folder, from parts of every format, so a
-        run resumed with another ``--format`` still skips what is done."""
-        keys: set[tuple[str, int]] = set()
+    def written_pairs(self) -> Iterator[tuple[str, int]]:
+        """Every ``(task_id, sample_index)`` in the folder, part by part, from parts of every
+        format, so a run resumed with another ``--format`` still skips what is done."""
         for path in self.parts():
             if path.suffix == ".parquet":
                 columns = ["task_id", "sample_index"]
                 for batch in _parquet_batches(path, columns, None, _KEY_BATCH):
                     task_ids, indices = batch.column(0).to_pylist(), batch.column(1).to_pylist()
-                    keys.update(zip(task_ids, indices, strict=True))
+                    yield from zip(task_ids, indices, strict=True)
             else:
                 for where, row in _jsonl_rows(path):
                     if row.get("task_id") is None or row.get("sample_index") is None:
                         raise PartError(f"{where}: a row needs 'task_id' and 'sample_index'")
-                    keys.add((row["task_id"], row["sample_index"]))
-        return keys
+                    yield row["task_id"], row["sample_index"]
+
+    def written_keys(self) -> set[tuple[str, int]]:
+        """Every ``(task_id, sample_index)`` in the folder, as a set of tuples (about 150
+        bytes a key: for tests and small folders; a resumed run reads ``written_digests``)."""
+        return set(self.written_pairs())
+
+    def written_digests(self) -> SampleKeys:
+        """Every ``(task_id, sample_index)`` in the folder as 12-byte digests: what
+        ``--resume`` skips, in memory flat however many rows the folder holds."""
+        return SampleKeys(self.written_pairs())
 
     def next_sample_indices(self) -> dict[str, int]:
         """The first sample index not yet written, per task id in the folder: where
         ``generate(write=True)`` continues, so ``(task_id, sample_index)`` stays unique."""
         following: dict[str, int] = {}
-        for task_id, index in self.written_keys():
+        for task_id, index in self.written_pairs():
             following[task_id] = max(following.get(task_id, 0), index + 1)
         return following
+
+    def next_samples(self) -> NextSamples:
+        """``next_sample_indices`` as digests (16 bytes a task), for an engine that keeps
+        it for the whole of a training run."""
+        return NextSamples((task_id, index + 1) for task_id, index in self.written_pairs())
 
 
 def _parquet_rows(path: Path, columns: list[str], task_id: str | None) -> Iterator[dict[str, Any]]:

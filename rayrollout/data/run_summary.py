@@ -13,6 +13,10 @@ or where nothing was queued or running for more than ``GAP_S``. Active time is t
 the segments' spans, each from its first episode queued to its last one finished, so
 throughput is episodes per second of work and a gap never dilutes it; ``wall_s`` keeps the
 whole span, gaps included.
+
+Rewards are any finite floats and are summed, averaged and spread as they are. The one
+figure that needs a threshold says so in its name: the pass rate counts rewards of at least
+``PASS_REWARD``; ``min_reward`` and ``max_reward`` show the range the rewards took.
 """
 
 from __future__ import annotations
@@ -24,19 +28,28 @@ from rayrollout.data.figures import Figures
 
 __all__ = [
     "GAP_S",
+    "PASS_REWARD",
+    "SPREAD_TOLERANCE",
     "GroupSpread",
     "RunSummary",
     "Segment",
     "group_stds",
     "segment_labels",
     "summarize",
+    "zero_spread",
 ]
 
 GAP_S = 1.0
 """Seconds with nothing queued or running after which the next episode opens a new segment."""
 
 PASS_REWARD = 1.0
-"""The reward an episode needs to count as passed (the pass rate's threshold)."""
+"""The reward an episode needs to count as passed (the pass rate's threshold): rewards are
+any float, so for an environment whose success is not 1 the pass rate is only a count of
+rewards >= 1; the mean and the range speak for it."""
+
+SPREAD_TOLERANCE = 1e-9
+"""A group has zero spread when its std is at most this share of its largest |reward| (at
+least 1), as ``rayrollout.engine.groups`` judges dynamic sampling."""
 
 
 class Segment(Figures):
@@ -78,6 +91,8 @@ class RunSummary(Figures):
     errors: int = Field(description="Episodes whose status is not ok.")
     close_errors: int = Field(description="Episodes whose environment session failed to close.")
     mean_reward: float
+    min_reward: float = Field(description="The lowest reward (0 without episodes).")
+    max_reward: float = Field(description="The highest reward (0 without episodes).")
     pass_rate: float = Field(description=f"Share of episodes with reward >= {PASS_REWARD}.")
     active_s: float = Field(description="Seconds of work: the segments' spans summed.")
     wall_s: float = Field(description="First episode queued to last finished, gaps included.")
@@ -133,10 +148,17 @@ def group_stds(frame: pd.DataFrame) -> pd.Series:
     return grouped["reward"].std(ddof=0)
 
 
+def zero_spread(frame: pd.DataFrame, stds: pd.Series) -> pd.Series:
+    """Per group of ``stds`` (``group_stds``): whether its rewards are all alike, beyond float
+    noise (``SPREAD_TOLERANCE`` of its largest |reward|, at least 1)."""
+    largest = frame.groupby("task_id")["reward"].agg(lambda r: r.abs().max())
+    return stds <= SPREAD_TOLERANCE * largest.reindex(stds.index).clip(lower=1.0)
+
+
 def _group_spread(frame: pd.DataFrame) -> GroupSpread:
     sizes = frame.groupby("task_id").size()
     stds = group_stds(frame)
-    zero = int((stds <= 1e-12).sum())
+    zero = int(zero_spread(frame, stds).sum())
     return GroupSpread(
         groups=len(stds),
         single_sample_tasks=int((sizes == 1).sum()),
@@ -165,6 +187,8 @@ def summarize(frame: pd.DataFrame, gap_s: float = GAP_S) -> RunSummary:
         errors=int((frame["status"] != "ok").sum()),
         close_errors=int(frame["close_error"].notna().sum()),
         mean_reward=float(frame["reward"].mean()) if episodes else 0.0,
+        min_reward=float(frame["reward"].min()) if episodes else 0.0,
+        max_reward=float(frame["reward"].max()) if episodes else 0.0,
         pass_rate=float((frame["reward"] >= PASS_REWARD).mean()) if episodes else 0.0,
         active_s=active,
         wall_s=segments[-1].end - segments[0].start if segments else 0.0,

@@ -241,6 +241,14 @@ class Turn(_Model):
         description="What each failed try got, in order, briefly ('HTTP 500: ...', "
         "'ServerDisconnectedError', 'timeout').",
     )
+    step_reward: float | None = Field(
+        default=None,
+        allow_inf_nan=False,
+        description="The environment's reward for the action this call produced, where the "
+        "episode steps an environment (reset/step environments: one step per policy call); "
+        "None for a call that was no step. For credit assignment: the row's reward is their "
+        "sum unless the environment says otherwise.",
+    )
 
     @field_validator("policy_version", "prompt_message_count", "retries", mode="before")
     @classmethod
@@ -267,8 +275,11 @@ class Turn(_Model):
 class TimelineEvent(_Model):
     """One step of an episode, so the episode can be replayed in time order."""
 
-    kind: Literal["model", "tool", "verify"]
-    name: str = Field(default="", description="Tool name for tool steps.")
+    kind: Literal["model", "tool", "step", "verify"] = Field(
+        description="A model call, a tool call, a step of a reset/step environment (its "
+        "'reset' or 'step'), or the verifier."
+    )
+    name: str = Field(default="", description="Tool name for tool steps; reset or step.")
     start_s: float = Field(description="Seconds from the episode's start.")
     seconds: float = Field(description="How long the step took.")
     ok: bool = Field(default=True, description="False for tool errors and failed steps.")
@@ -286,7 +297,11 @@ class EpisodeMetrics(_Model):
     tokens_in: int = 0
     tokens_out: int = 0
     seconds_model: float = 0.0
-    seconds_tools: float = 0.0
+    seconds_tools: float = Field(
+        default=0.0,
+        description="Seconds in the environment: its tool calls, or the resets and steps of a "
+        "reset/step environment.",
+    )
     seconds_verify: float = 0.0
     seconds_total: float = 0.0
     seconds_queued: float = Field(
@@ -328,7 +343,11 @@ class Trajectory(_Model):
         default_factory=list, description="Tool schemas offered to the model."
     )
     turns: list[Turn] = Field(default_factory=list)
-    reward: float = Field(default=0.0, ge=0.0, le=1.0)
+    reward: float = Field(
+        default=0.0,
+        allow_inf_nan=False,
+        description="The verifier's reward: any finite float (negative and above 1 too).",
+    )
     verification: Annotated[dict[str, Any], JsonColumn] = Field(
         default_factory=dict, description="The verifier's details."
     )

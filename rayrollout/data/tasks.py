@@ -20,20 +20,35 @@ starts "NeMo Gym feature not supported: <feature>" (see ``UNSUPPORTED``), never 
 silently. NeMo Gym's shapes are read in ``nemo_gym_rows``; this module reads files, tells
 the formats apart and validates the ``Task``.
 
-Files are streamed (a JSONL line or a Parquet batch at a time), never loaded whole. A bad row
-raises ``InvalidTaskError`` naming the file, the line and the field.
+Files are streamed (a JSONL line or a Parquet batch at a time), never loaded whole, and what
+is kept across rows is bounded: ``UniqueTaskIds`` holds a fixed-size digest per id
+(``task_digests``), not the ids. A bad row raises ``InvalidTaskError`` naming the file, the
+line and the field. ``check_rows`` is the one checker of rows from anywhere (a file, a shard
+set read through Ray Data in ``task_shards``, rows in memory); ``read_tasks`` reads a file
+through it.
+
+A NeMo Gym row without its own ``task_id`` is numbered by its line, as NeMo Gym numbers the
+rows it reads (``_ng_task_index``): its id is its content's digest and its line
+(``numbered_task_id``), so identical lines are separate tasks (NeMo Gym's blackjack dataset
+is five copies of "Deal me in.", each dealt its own hand). A row of rayrollout's own format
+without an id keeps the id of its content alone, and a second identical row is refused as a
+copy (more samples of one task are ``--num-repeats``).
+
+(Over 400 lines for one job, a row from its bytes to a checked ``Task``: reading a line,
+parsing either format, checking its tools, its id's uniqueness; NeMo Gym's own shapes are
+already apart in ``nemo_gym_rows``.)
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+import numpy as np
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 
@@ -47,18 +62,24 @@ from rayrollout.data.nemo_gym_rows import (
     usersim_refusal,
 )
 from rayrollout.data.schema import Task, stable_task_id
+from rayrollout.data.task_digests import DigestTable, digest
 from rayrollout.errors import InputError
 
 __all__ = [
     "MAX_DEPTH",
     "MAX_ROW_BYTES",
     "UNSUPPORTED",
+    "CheckedRow",
     "InvalidTaskError",
+    "SourceRow",
     "UniqueTaskIds",
+    "check_rows",
     "iter_task_rows",
     "nesting_depth",
+    "numbered_task_id",
     "parse_task_row",
     "read_tasks",
+    "row_from_line",
 ]
 
 _OWN_KEYS = {"task_id", "environment", "prompt", "tools", "sampling", "agent"}
@@ -88,6 +109,13 @@ class InvalidTaskError(InputError, ValueError):
         }
 
 
+SourceRow = tuple[str, int, "dict[str, Any] | Task | InvalidTaskError", "str | None"]
+"""A row as read: ``(source, line, row or the error reading it, raw text or None)``; a row
+in memory may be a ``Task`` already."""
+CheckedRow = tuple[str, int, "Task | InvalidTaskError", "str | None"]
+"""A row as checked: ``(source, line, task or the error, raw text or None)``."""
+
+
 def iter_task_rows(
     path: str | Path,
 ) -> Iterator[tuple[int, dict[str, Any] | InvalidTaskError, str | None]]:
@@ -101,36 +129,41 @@ def iter_task_rows(
         yield from _iter_jsonl(path)
 
 
+def row_from_line(
+    source: str, line_no: int, raw_bytes: bytes
+) -> tuple[dict[str, Any] | InvalidTaskError, str | None]:
+    """A JSONL line (not blank) as a row, or the error naming why it is none, with its text.
+
+    The one reading of a line, for a file read here and a shard read by Ray Data's workers
+    (``task_shards``), so both name the same faults the same way.
+    """
+    if len(raw_bytes) > MAX_ROW_BYTES:
+        message = f"row is {len(raw_bytes)} bytes, over the {MAX_ROW_BYTES}-byte limit"
+        return InvalidTaskError(source, line_no, None, message), None
+    try:
+        raw = raw_bytes.decode("utf-8").rstrip("\r\n")
+        row = json.loads(raw)
+    except UnicodeDecodeError as exc:
+        message = f"not valid UTF-8 (byte {exc.start}): {exc.reason}"
+        raw = raw_bytes.decode("utf-8", errors="replace")
+        return InvalidTaskError(source, line_no, None, message), raw
+    except json.JSONDecodeError as exc:
+        message = f"malformed JSON: {exc.msg} at column {exc.colno}"
+        return InvalidTaskError(source, line_no, None, message), raw
+    except RecursionError:  # nested past what Python's JSON reader can follow
+        return InvalidTaskError(source, line_no, None, _too_deep()), raw
+    if not isinstance(row, dict):
+        message = f"a row must be a JSON object, got {type(row).__name__}"
+        return InvalidTaskError(source, line_no, None, message), raw
+    return row, raw
+
+
 def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any] | InvalidTaskError, str | None]]:
     source = path.name
     with path.open("rb") as file:
         for line_no, raw_bytes in enumerate(file, start=1):
-            if not raw_bytes.strip():
-                continue
-            if len(raw_bytes) > MAX_ROW_BYTES:
-                message = f"row is {len(raw_bytes)} bytes, over the {MAX_ROW_BYTES}-byte limit"
-                yield line_no, InvalidTaskError(source, line_no, None, message), None
-                continue
-            try:
-                raw = raw_bytes.decode("utf-8").rstrip("\r\n")
-                row = json.loads(raw)
-            except UnicodeDecodeError as exc:
-                message = f"not valid UTF-8 (byte {exc.start}): {exc.reason}"
-                raw = raw_bytes.decode("utf-8", errors="replace")
-                yield line_no, InvalidTaskError(source, line_no, None, message), raw
-                continue
-            except json.JSONDecodeError as exc:
-                message = f"malformed JSON: {exc.msg} at column {exc.colno}"
-                yield line_no, InvalidTaskError(source, line_no, None, message), raw
-                continue
-            except RecursionError:  # nested past what Python's JSON reader can follow
-                yield line_no, InvalidTaskError(source, line_no, None, _too_deep()), raw
-                continue
-            if not isinstance(row, dict):
-                message = f"a row must be a JSON object, got {type(row).__name__}"
-                yield line_no, InvalidTaskError(source, line_no, None, message), raw
-                continue
-            yield line_no, row, raw
+            if raw_bytes.strip():
+                yield line_no, *row_from_line(source, line_no, raw_bytes)
 
 
 def _iter_parquet(
@@ -172,14 +205,17 @@ def parse_task_row(
     default_environment: str | None = None,
     source: str = "<tasks>",
     line: int = 0,
+    shard: str | None = None,
 ) -> Task:
     """Build a ``Task`` from a row in either format; raises ``InvalidTaskError``.
 
     Our own fields come from a NeMo Gym row as follows, while ``fields`` keeps the row whole:
-    ``task_id`` is the row's when it is a string or an integer (else derived from the
-    content); ``environment`` is the row's only when it is a string, because NeMo Gym
-    datasets use a key of that name for verifier data (``indirect_prompt_injection``: an
-    object describing the simulated world), which names no rayrollout environment.
+    ``task_id`` is the row's when it is a string or an integer (else its content's digest
+    and its ``line``, in ``shard`` if it is one of a shard set: ``numbered_task_id``);
+    ``environment`` is the row's only when it is a string, because NeMo Gym datasets use a
+    key of that name for verifier data (``indirect_prompt_injection``: an object describing
+    the simulated world), which names no rayrollout environment. A row of our own format
+    without an id gets its content's digest (``schema.stable_task_id``).
     """
 
     def fail(field: str | None, message: str) -> InvalidTaskError:
@@ -216,7 +252,7 @@ def parse_task_row(
     if not data["environment"]:
         raise fail("environment", "missing: name it in the row or pass --env NAME")
     if "task_id" not in data or data["task_id"] in (None, ""):
-        data["task_id"] = stable_task_id(row)
+        data["task_id"] = numbered_task_id(row, line, shard) if nemo_gym else stable_task_id(row)
     elif isinstance(data["task_id"], int) and not isinstance(data["task_id"], bool):
         data["task_id"] = str(data["task_id"])
     try:
@@ -228,6 +264,19 @@ def parse_task_row(
             field = "responses_create_params.input"
         message = first["msg"].removeprefix("Value error, ")  # our validators' own text
         raise fail(field, f"{message} (got {short(first.get('input'))})") from None
+
+
+def numbered_task_id(row: dict[str, Any], line: int, shard: str | None = None) -> str:
+    """The id of a NeMo Gym row without one: its content's digest, then its line.
+
+    NeMo Gym numbers every row it reads (``_ng_task_index``), so two identical lines are two
+    tasks; the digest keeps the id tied to the row, so a resumed run over an edited file
+    does not take another row's episodes for this one's. In a shard set (``shard``: the
+    shard's path within the set) the shard is part of the digest, as two shards have lines
+    of the same number.
+    """
+    content = stable_task_id(row if shard is None else {"row": row, "shard": shard})
+    return f"{content}-{line}"
 
 
 @functools.lru_cache(maxsize=4096)
@@ -274,37 +323,118 @@ def _chat_tools(tools: Any, fail: Fail) -> list[dict[str, Any]]:
     return out
 
 
+_CLAIM = np.dtype([("where", "<u8"), ("content", "<u4")])
+_LINE_BITS = 40  # a claim's ``where``: the source's number above, the line below
+
+
 class UniqueTaskIds:
-    """Refuses a ``task_id`` already taken by an earlier row of the same file (or list).
+    """Refuses a ``task_id`` already taken by an earlier row of the same task set.
 
     Two rows with one id would both run and write the same ``(task_id, sample_index)``
     keys, and ``--resume`` would count either as the other. A repeat with different content
     is an error naming both lines; an exact copy is an error too (not silently dropped: a
     copy usually means a file was concatenated twice, and more samples of a task are
     ``--num-repeats``). Only valid rows claim an id, so a rejected row never blocks a later
-    one. Keeps 8 bytes of digest per id (about 100 bytes a task with the id itself).
+    one.
+
+    Memory stays flat in the number of rows: an id is kept as a 12-byte digest with where
+    it was met (source and line, 8 bytes) and a 4-byte digest of its task's content (which
+    tells a copy from a clash), 24 bytes a task in a ``DigestTable``, never the id itself.
+    Sources (files, shards) are numbered once each.
     """
 
     def __init__(self) -> None:
-        self._seen: dict[str, tuple[int, bytes]] = {}
+        self._claims = DigestTable(_CLAIM)
+        self._sources: dict[str, int] = {}
+        self._names: list[str] = []
+
+    def __len__(self) -> int:
+        return len(self._claims)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the digests held (the sorted runs; the buffer adds up to about 2 MB)."""
+        return self._claims.nbytes
 
     def check(self, task: Task, source: str, line: int) -> None:
-        """Claim ``task``'s id for ``line``, or raise ``InvalidTaskError`` naming the first."""
-        digest = hashlib.blake2b(task.model_dump_json().encode(), digest_size=8).digest()
-        first_line, first_digest = self._seen.setdefault(task.task_id, (line, digest))
-        if first_line == line:
+        """Claim ``task``'s id for ``line`` of ``source``, or raise ``InvalidTaskError``
+        naming the row that claimed it first."""
+        number = self._sources.setdefault(source, len(self._sources))
+        if number == len(self._names):
+            self._names.append(source)
+        content = int.from_bytes(digest(task.model_dump_json().encode())[:4], "little")
+        where = (number << _LINE_BITS) | line
+        first_where, first_content = self._claims.setdefault(
+            task.task_id.encode(), (where, content)
+        )
+        if first_where == where:
             return
-        if first_digest == digest:
+        first_source = self._names[first_where >> _LINE_BITS]
+        first_line = first_where & ((1 << _LINE_BITS) - 1)
+        there = f"line {first_line}" + ("" if first_source == source else f" of {first_source}")
+        if first_content == content:
             message = (
-                f"task_id {task.task_id!r} repeats line {first_line} exactly; remove the copy "
+                f"task_id {task.task_id!r} repeats {there} exactly; remove the copy "
                 "(more samples of one task: --num-repeats)"
             )
         else:
             message = (
-                f"task_id {task.task_id!r} is also on line {first_line}, with different "
+                f"task_id {task.task_id!r} is also on {there}, with different "
                 "content; task ids must be unique: give one of the two rows another task_id"
             )
         raise InvalidTaskError(source, line, "task_id", message)
+
+
+def check_rows(
+    rows: Iterable[SourceRow],
+    *,
+    default_environment: str | None = None,
+    check_environment: Callable[[str], bool] | None = None,
+    unique: UniqueTaskIds | None = None,
+    shards: bool = False,
+) -> Iterator[CheckedRow]:
+    """Each row read, checked: ``(source, line, task or the error, raw text)``.
+
+    Args:
+        rows: Rows as read (``SourceRow``), from one file or many shards.
+        default_environment: Environment for rows that name none (``--env``).
+        check_environment: Returns whether an environment name is known; unknown ones are
+            errors of field 'environment'.
+        unique: The ids claimed so far (a fresh ``UniqueTaskIds`` if None); pass one to
+            share it across calls.
+        shards: The rows come from a shard set: a NeMo Gym row without an id is numbered
+            by its shard and line (``numbered_task_id``).
+
+    Errors are yielded, not raised, so a caller decides (stop, or ``--skip-invalid``).
+    """
+    unique = UniqueTaskIds() if unique is None else unique
+    for source, line, row, raw in rows:
+        try:
+            if isinstance(row, InvalidTaskError):
+                raise row
+            task = (
+                row
+                if isinstance(row, Task)
+                else parse_task_row(
+                    row,
+                    default_environment=default_environment,
+                    source=source,
+                    line=line,
+                    shard=source if shards else None,
+                )
+            )
+            if check_environment is not None and not check_environment(task.environment):
+                raise InvalidTaskError(
+                    source,
+                    line,
+                    "environment",
+                    f"unknown environment {task.environment!r} (see `rayrollout env list`)",
+                )
+            unique.check(task, source, line)
+        except InvalidTaskError as exc:
+            yield source, line, exc, raw
+            continue
+        yield source, line, task, raw
 
 
 def read_tasks(
@@ -325,28 +455,18 @@ def read_tasks(
             rest of the file still streams (``--skip-invalid``).
 
     A row nested deeper than ``MAX_DEPTH``, a line over ``MAX_ROW_BYTES`` and a ``task_id``
-    an earlier row took (``UniqueTaskIds``) are row errors like any other.
+    an earlier row took (``UniqueTaskIds``) are row errors like any other. Memory stays flat
+    however long the file: rows are read one at a time, and ids kept as digests.
     """
     source = Path(path).name
-    unique = UniqueTaskIds()
-    for line, row, raw in iter_task_rows(path):
-        try:
-            if isinstance(row, InvalidTaskError):
-                raise row
-            task = parse_task_row(
-                row, default_environment=default_environment, source=source, line=line
-            )
-            if check_environment is not None and not check_environment(task.environment):
-                raise InvalidTaskError(
-                    source,
-                    line,
-                    "environment",
-                    f"unknown environment {task.environment!r} (see `rayrollout env list`)",
-                )
-            unique.check(task, source, line)
-        except InvalidTaskError as exc:
+    read = ((source, line, row, raw) for line, row, raw in iter_task_rows(path))
+    checked = check_rows(
+        read, default_environment=default_environment, check_environment=check_environment
+    )
+    for _, _, task, raw in checked:
+        if isinstance(task, InvalidTaskError):
             if on_invalid is None:
-                raise
-            on_invalid(exc, raw)
+                raise task
+            on_invalid(task, raw)
             continue
         yield task

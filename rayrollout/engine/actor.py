@@ -7,7 +7,9 @@ fewer than ``concurrency`` episodes plus the agents' ``reserve`` are out, and se
 the least-loaded agent in one Ray call. The agent streams a chunk's rows back as its
 episodes finish (a Ray streaming generator), so a slow episode never holds its chunk's
 finished slots; each batch goes to the writer as it arrives. If the agent dies, only the
-episodes it had not yet handed back are sent again, so no row is written twice.
+episodes it had not yet handed back are sent again, so no row is written twice. Nothing is
+kept per task beyond the episodes in flight (their specs, and a ``generate`` call's waiter)
+and ``next_sample``'s digests, so a run's memory does not grow with its task set.
 
 The actor's other two jobs have their own modules: the training-loop methods (``generate``,
 ``pause``, ``resume``, ``update_weights``, ``stats``) in ``training``, and putting
@@ -31,6 +33,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from rayrollout.auth import RouteAuth, new_token
 from rayrollout.data.config import RunConfig
 from rayrollout.data.run_folder import RunFolder
+from rayrollout.data.task_digests import NextSamples
 from rayrollout.data.writer import PartWriter, make_sink
 from rayrollout.engine.agent import AgentActor, agent_name, agent_share
 from rayrollout.engine.chunks import ChunkRows
@@ -41,6 +44,7 @@ from rayrollout.engine.groups import SamplingCounts
 from rayrollout.engine.metrics import RunMetrics
 from rayrollout.engine.placement import agent_actor_options
 from rayrollout.engine.stats import RunStats
+from rayrollout.engine.streaming import StreamingAPI
 from rayrollout.engine.training import TrainingLoopAPI
 from rayrollout.engine.weights import WeightSync
 from rayrollout.gc_tuning import tune_gc
@@ -80,7 +84,7 @@ def reserve(concurrency: int, num_agents: int, episode_s: float | None) -> int:
 
 # Ray's type stubs give ray.remote(...) task options only; max_concurrency is an actor's.
 @ray.remote(num_cpus=0, max_concurrency=10_000)  # type: ignore[call-overload]
-class EngineActor(TrainingLoopAPI):
+class EngineActor(TrainingLoopAPI, StreamingAPI):
     """Runs episodes on the agent pool and streams their rows to the output folder."""
 
     def __init__(
@@ -142,7 +146,9 @@ class EngineActor(TrainingLoopAPI):
         self.weights = WeightSync(config, policy_url, self.agents, token)
         self.sampling = SamplingCounts()
         self.waiters: dict[int, _Waiter] = {}  # id(spec) -> the generate() call awaiting it
-        self.next_sample: dict[str, int] | None = None  # read from the folder when first needed
+        # The next free sample index per task id, as digests: read from the folder when first
+        # needed (generate(write=True)); the only state the engine keeps per task.
+        self.next_sample: NextSamples | None = None
         tune_gc()  # it takes every row of the run; see gc_tuning
 
     async def start(self) -> list[str]:

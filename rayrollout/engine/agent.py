@@ -239,6 +239,9 @@ class AgentActor:
         max_running: int | None = None,
     ) -> None:
         self.runner = AgentRunner(name, config, policy_url, policy_key, max_running)
+        # Arrow imports pandas and its compute functions at the first table it builds: here,
+        # not in the first chunk, where it held every episode of the agent for a second.
+        ChunkRows.from_rows([], [])
         tune_gc()  # about a fifth of an agent's CPU went to the collector (gc_tuning)
 
     async def run(

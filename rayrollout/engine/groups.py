@@ -8,6 +8,11 @@ sampling dropped tasks again, until the batch is full or ``max_extra_groups`` mo
 have run. A task sampled again gets new sample indices (attempt k: ``k*n .. k*n+n-1``, after
 the task's ``first_index``, which a writing engine moves past what it wrote before), so
 (task_id, sample_index) stays unique in the output.
+
+Rewards are any finite floats (-1, 3, sums of step rewards): the figures are scale-free and
+nothing is clipped. Whether a group's rewards differ is judged relative to their size
+(``SPREAD_TOLERANCE``), so float noise in summed step rewards (0.1 + 0.2 against 0.3) is
+no signal, while 100.0 against 100.5 is.
 """
 
 from __future__ import annotations
@@ -23,9 +28,13 @@ from rayrollout.data.figures import Figures
 from rayrollout.data.schema import Task, Trajectory
 from rayrollout.engine.episode import EpisodeSpec
 
-__all__ = ["GenerateResult", "Group", "SamplingCounts", "generate_groups"]
+__all__ = ["SPREAD_TOLERANCE", "GenerateResult", "Group", "SamplingCounts", "generate_groups"]
 
 RunSpecs = Callable[[list[EpisodeSpec]], Awaitable[list[dict[str, Any]]]]
+
+SPREAD_TOLERANCE = 1e-9
+"""A group's rewards differ when their std passes this share of the largest |reward| (at
+least 1): float noise of summed rewards is not a GRPO signal."""
 
 
 class Group(BaseModel):
@@ -55,11 +64,17 @@ class Group(BaseModel):
 
     @property
     def has_signal(self) -> bool:
-        """Whether the rewards differ (a zero-variance group gives every sample advantage 0)."""
-        return len(set(self.rewards)) > 1
+        """Whether the rewards differ (a zero-variance group gives every sample advantage 0),
+        beyond float noise: see ``SPREAD_TOLERANCE``."""
+        largest = max((abs(r) for r in self.rewards), default=0.0)
+        return self.reward_std > SPREAD_TOLERANCE * max(1.0, largest)
 
     def advantages(self, eps: float = 1e-6, scale: bool = True) -> list[float]:
-        """GRPO advantages: (reward - mean) / (std + eps), or reward - mean without ``scale``."""
+        """GRPO advantages: (reward - mean) / (std + eps), or reward - mean without ``scale``.
+
+        Any finite rewards, negative or large, as they are (no clipping): scaled advantages
+        do not depend on the rewards' unit, unscaled ones are in it.
+        """
         return [
             (r - self.reward_mean) / (self.reward_std + eps if scale else 1.0) for r in self.rewards
         ]

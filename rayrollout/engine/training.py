@@ -6,6 +6,11 @@ methods (inherited ones too) as remote methods, so the trainer-facing names and 
 docstrings live here once, with no forwarding layer in the actor. The collect pipeline
 (``actor``) supplies what these methods stand on, declared below: the config, the weight
 sync, the run's figures, the output folder and ``_run_specs`` (episodes through the queue).
+
+Across calls the engine keeps no state per task but the next free sample index of each task
+written (``NextSamples``: 16 bytes a task, as digests), so a training run over millions of
+prompts holds what is in flight and those digests; a call's own tasks are held only while
+it runs.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any
 from rayrollout.data.config import RunConfig
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import Task
+from rayrollout.data.task_digests import NextSamples
 from rayrollout.engine.episode import EpisodeSpec
 from rayrollout.engine.figures import EngineStats, PolicyCalls, PolicyState
 from rayrollout.engine.groups import GenerateResult, SamplingCounts, generate_groups
@@ -29,7 +35,7 @@ _POLICY_CALL_FIGURES = ("in_flight", "calls", "held", "aborted", "stale_restarts
 
 
 class TrainingLoopAPI:
-    """What a trainer calls on the engine actor (issue 5): GRPO groups and weight updates."""
+    """What a trainer calls on the engine actor: GRPO groups and weight updates."""
 
     # Supplied by the engine actor (``actor.EngineActor``).
     config: RunConfig
@@ -41,7 +47,7 @@ class TrainingLoopAPI:
     sampling: SamplingCounts
     # generate(write=True): the next free sample index per task id, so (task_id,
     # sample_index) stays unique on disk across training steps (read from disk once).
-    next_sample: dict[str, int] | None
+    next_sample: NextSamples | None
 
     async def _run_specs(self, specs: list[EpisodeSpec], write: bool) -> list[dict[str, Any]]:
         raise NotImplementedError  # the engine actor's: episodes through its queue
@@ -86,14 +92,13 @@ class TrainingLoopAPI:
         keep = settings.write_trajectories if write is None else write
         dynamic = settings.dynamic_sampling if dynamic_sampling is None else dynamic_sampling
         extra = settings.max_extra_groups if max_extra_groups is None else max_extra_groups
-        taken = await self._samples_on_disk() if keep else {}
-        first = {t.task_id: taken.get(t.task_id, 0) for t in parsed}
+        taken = await self._samples_on_disk() if keep else None
+        first = {t.task_id: taken.get(t.task_id, 0) for t in parsed} if taken is not None else {}
 
         async def run(specs: list[EpisodeSpec]) -> list[dict[str, Any]]:
-            if keep:
+            if taken is not None:
                 for spec in specs:
-                    task_id = spec.task.task_id
-                    taken[task_id] = max(taken.get(task_id, 0), spec.sample_index + 1)
+                    taken.raise_to(spec.task.task_id, spec.sample_index + 1)
             return await self._run_specs(specs, keep)
 
         result, episodes = await generate_groups(parsed, n, run, dynamic, batch_size, extra, first)
@@ -142,10 +147,10 @@ class TrainingLoopAPI:
             dynamic_sampling=self.sampling.model_copy(),
         )
 
-    async def _samples_on_disk(self) -> dict[str, int]:
+    async def _samples_on_disk(self) -> NextSamples:
         """The next free sample index per task id in the output folder; the folder is read
-        once (``RunFolder.next_sample_indices``), then the engine counts what its writing
+        once (``RunFolder.next_samples``), then the engine counts what its writing
         generate() calls start."""
         if self.next_sample is None:
-            self.next_sample = await asyncio.to_thread(self.folder.next_sample_indices)
+            self.next_sample = await asyncio.to_thread(self.folder.next_samples)
         return self.next_sample

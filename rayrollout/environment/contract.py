@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Literal, TypeVar, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from rayrollout.data.schema import Message, Task, ToolCall
 from rayrollout.environment.tool_args import ToolCallRejected, parse_arguments, unknown_tool
@@ -68,12 +69,30 @@ class ToolResult(BaseModel):
 
 
 class Verification(BaseModel):
-    """The verifier's verdict: a reward in [0, 1] and whatever explains it."""
+    """The verifier's verdict: a reward and whatever explains it.
+
+    A reward is any finite float (a penalty of -1, a score of 0 to 3, a sum of step
+    rewards past 1); NaN and infinities are refused. What needs a range (an export's
+    threshold, a plot's axis) says so where it applies; nothing clips a reward.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
-    reward: float = Field(ge=0.0, le=1.0, description="Reward in [0, 1].")
+    reward: float = Field(
+        allow_inf_nan=False, description="The episode's reward: any finite float."
+    )
     details: dict[str, Any] = Field(default_factory=dict, description="Why this reward.")
+
+    @field_validator("reward", mode="before")
+    @classmethod
+    def _finite(cls, value: Any) -> Any:
+        # Said here in words: pydantic's own "Input should be a finite number" names no fix.
+        if isinstance(value, int | float) and not math.isfinite(value):
+            raise ValueError(
+                f"a reward must be a finite number, got {value!r}: a verifier that can give "
+                "NaN or infinity (a division by zero, a log of 0) must map it to a number"
+            )
+        return value
 
 
 class Episode(BaseModel):
@@ -201,6 +220,20 @@ class Environment:
     def tool_schemas(cls) -> list[dict[str, Any]]:
         """The OpenAI Chat Completions function schemas of this environment's tools."""
         return [spec.schema for spec in cls._tool_specs.values()]
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """Why this machine cannot run the environment, as one line naming the fix; None
+        when it can (the default).
+
+        Override it when the environment needs what ``pip`` does not install: a system
+        package, a device, privileges. ``collect`` asks before anything starts and stops
+        with this line (exit 2) instead of writing a failed row per episode; ``rayrollout
+        demo`` leaves such an environment out and prints the line. It is asked on the
+        machine that starts the run (not when the run joins a cluster, whose nodes may
+        differ), and should answer within a second or so.
+        """
+        return None
 
     @classmethod
     def is_stateful(cls) -> bool:

@@ -12,7 +12,10 @@ two names with different ``args``, and a class attribute can never pick other se
 the task's name did (it once did: a ``hosting:`` override was ignored when they differed).
 
 A name registered twice with different targets is an error naming both, never a silent
-winner: two entry points, or a config ``path`` for a registered name.
+winner: two entry points, or a config ``path`` for a registered name. Finding, refusing
+duplicates and importing are ``rayrollout.plugins``' (shared with agents and policy kinds);
+what is environment-specific stays here: the class must be an ``Environment``, the config's
+``args`` must fit its constructor, and a registered class named by its path keeps its name.
 
 Example:
     >>> spec = environment_spec("weather")  # doctest: +SKIP
@@ -22,10 +25,7 @@ Example:
 
 from __future__ import annotations
 
-import functools
-import importlib
 import inspect
-from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +35,11 @@ from rayrollout.data.config import EnvironmentConfig, load_config
 from rayrollout.data.schema import Task
 from rayrollout.environment.contract import Environment
 from rayrollout.errors import InputError
+from rayrollout.plugins import PluginGroup, Registration
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "ENVIRONMENTS",
     "DuplicateEnvironmentError",
     "EnvironmentArgsError",
     "EnvironmentSpec",
@@ -65,6 +67,16 @@ class DuplicateEnvironmentError(UnknownEnvironmentError):
 
 class EnvironmentArgsError(InputError, TypeError):
     """The config's ``args`` do not fit the environment class's constructor."""
+
+
+ENVIRONMENTS = PluginGroup(
+    "environment",
+    ENTRY_POINT_GROUP,
+    unknown=UnknownEnvironmentError,
+    duplicate=DuplicateEnvironmentError,
+    settings_key="environments",
+)
+"""The environments by name (``rayrollout.plugins``: entry points, duplicates, lazy import)."""
 
 
 class EnvironmentSpec(BaseModel):
@@ -101,31 +113,18 @@ class EnvironmentSpec(BaseModel):
         return (cls or self.load())(task, **self.args)
 
 
-def _origin(ep: EntryPoint) -> str:
-    dist = getattr(ep, "dist", None)
-    return f"entry point of {dist.name}" if dist is not None else "entry point"
+def _spec(found: Registration, args: dict[str, Any]) -> EnvironmentSpec:
+    return EnvironmentSpec(name=found.name, target=found.target, args=args, origin=found.origin)
 
 
-@functools.cache
 def registered_environments() -> dict[str, EnvironmentSpec]:
     """Every environment registered by entry point, by name; two targets for one name raise."""
-    specs: dict[str, EnvironmentSpec] = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        spec = EnvironmentSpec(name=ep.name, target=ep.value, origin=_origin(ep))
-        known = specs.get(ep.name)
-        if known is not None and known.target != spec.target:
-            raise DuplicateEnvironmentError(
-                f"environment '{ep.name}' is registered twice under the '{ENTRY_POINT_GROUP}' "
-                f"entry point: '{known.target}' ({known.origin}) and '{spec.target}' "
-                f"({spec.origin}). Uninstall one, or register one under another name"
-            )
-        specs[ep.name] = spec
-    return specs
+    return {name: _spec(found, {}) for name, found in ENVIRONMENTS.registered().items()}
 
 
 def available_environments() -> dict[str, str]:
     """Every registered environment name and its ``"module:Class"`` target."""
-    return {name: spec.target for name, spec in registered_environments().items()}
+    return {name: found.target for name, found in ENVIRONMENTS.registered().items()}
 
 
 def environment_spec(name: str, settings: EnvironmentConfig | None = None) -> EnvironmentSpec:
@@ -134,34 +133,16 @@ def environment_spec(name: str, settings: EnvironmentConfig | None = None) -> En
     registered once, that registration: it keeps its registered name); with the config's
     ``args``. Raises ``UnknownEnvironmentError`` (or ``DuplicateEnvironmentError`` when the
     config points a registered name at another class)."""
-    registered = registered_environments().get(name)
     args = dict(settings.args) if settings is not None else {}
-    if settings is not None and settings.path is not None:
-        if registered is not None and registered.target != settings.path:
-            raise DuplicateEnvironmentError(
-                f"environment '{name}' is registered as '{registered.target}' "
-                f"({registered.origin}) and the config's environments.{name}.path names "
-                f"'{settings.path}'. Give the config entry another name (tasks then name it), "
-                f"or drop its path to use the registered class"
-            )
-        target, origin = settings.path, f"config environments.{name}.path"
-    elif registered is not None:
-        target, origin = registered.target, registered.origin
-    elif ":" in name:
+    path = settings.path if settings is not None else None
+    if path is None and ":" in name:
+        registered = ENVIRONMENTS.registered()
         # A registered class named by its path goes by its registered name (its label in
         # replies and messages); the caller's settings and args still apply.
-        aliases = [s for s in registered_environments().values() if s.target == name]
-        if len(aliases) == 1:
-            return aliases[0].model_copy(update={"args": args})
-        target, origin = name, "its 'module:Class' name"
-    else:
-        known = ", ".join(sorted(registered_environments())) or "none"
-        raise UnknownEnvironmentError(
-            f"unknown environment '{name}'. Registered: {known}. Register it under the "
-            f"'{ENTRY_POINT_GROUP}' entry point, set environments.{name}.path in the config, "
-            "or name it as 'module:Class'."
-        )
-    return EnvironmentSpec(name=name, target=target, args=args, origin=origin)
+        aliases = [found for found in registered.values() if found.target == name]
+        if name not in registered and len(aliases) == 1:
+            return _spec(aliases[0], args)
+    return _spec(ENVIRONMENTS.resolve(name, path), args)
 
 
 def configured_environment(name: str, config_file: str | Path | None) -> EnvironmentSpec:
@@ -177,13 +158,8 @@ def load_environment(name_or_path: str) -> type[Environment]:
     return environment_spec(name_or_path).load()
 
 
-@functools.cache
 def _import_class(path: str) -> type[Environment]:
-    module_name, _, class_name = path.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as exc:
-        raise UnknownEnvironmentError(f"cannot import environment '{path}': {exc}") from exc
+    cls = ENVIRONMENTS.load(path)
     if not (isinstance(cls, type) and issubclass(cls, Environment)):
         raise UnknownEnvironmentError(f"'{path}' is not a subclass of rayrollout.Environment")
     return cls

@@ -12,12 +12,15 @@ a stateful environment reaches the state the episode would have; tool messages g
 file are replaced by the real outputs), then ``final_answer`` is appended as the last
 assistant message, ``verify`` scores it, and ``close`` runs. A case passes when the reward
 is within ``tolerance`` of ``expected_reward``. The tool tests are the folder's ``tests/``,
-run with pytest in a child process.
+run with pytest in a child process. pytest and its plugins come with the ``dev`` extra, not
+with ``pip install rayrollout``: ``missing_test_packages`` names what is absent, so the
+command can say what to install instead of reporting the tests as failed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import inspect
 import json
 import subprocess
@@ -43,13 +46,21 @@ __all__ = [
     "CaseResult",
     "VerifierCase",
     "environment_folder",
+    "missing_test_packages",
     "play_in_both_hostings",
     "read_cases",
     "run_case",
     "run_tool_tests",
+    "tool_tests_folder",
 ]
 
 CASES_FILE = "verifier_cases.jsonl"
+TEST_PACKAGES = {
+    "pytest": "pytest",
+    "pytest_asyncio": "pytest-asyncio",
+    "pytest_timeout": "pytest-timeout",
+}
+"""Module -> distribution of what the tool tests run with (async tests, the ini's timeout)."""
 
 
 class VerifierCase(BaseModel):
@@ -66,7 +77,9 @@ class VerifierCase(BaseModel):
     final_answer: str | None = Field(
         default=None, description="Appended as the last assistant message."
     )
-    expected_reward: float = Field(ge=0.0, le=1.0, description="The reward verify must give.")
+    expected_reward: float = Field(
+        allow_inf_nan=False, description="The reward verify must give (any finite float)."
+    )
     tolerance: float = Field(default=1e-6, ge=0.0, description="Allowed |reward - expected|.")
 
 
@@ -175,10 +188,28 @@ async def run_case(
     return result
 
 
-def run_tool_tests(env_cls: type[Environment], extra_args: list[str] | None = None) -> int:
-    """Run the environment folder's ``tests/`` with pytest in a child process; its exit code."""
+def tool_tests_folder(env_cls: type[Environment]) -> Path | None:
+    """The environment folder's ``tests/``, or None when it has none."""
     tests = environment_folder(env_cls) / "tests"
-    if not tests.is_dir():
+    return tests if tests.is_dir() else None
+
+
+def missing_test_packages() -> list[str]:
+    """The distributions the tool tests need (``TEST_PACKAGES``) this Python cannot import;
+    empty when all are there (``pip install 'rayrollout[dev]'`` brings them)."""
+    return [
+        dist for module, dist in TEST_PACKAGES.items() if importlib.util.find_spec(module) is None
+    ]
+
+
+def run_tool_tests(env_cls: type[Environment], extra_args: list[str] | None = None) -> int:
+    """Run the environment folder's ``tests/`` with pytest in a child process; its exit code.
+
+    Check ``missing_test_packages`` first: without pytest the child fails with exit code 1,
+    which reads as failed tests.
+    """
+    tests = tool_tests_folder(env_cls)
+    if tests is None:
         return 0
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)]
     return subprocess.run(command + (extra_args or []), check=False).returncode

@@ -121,6 +121,21 @@ class PolicyClient:
         )
         self._openai: openai.AsyncOpenAI | None = None  # the Responses API only
         self._delta_renderer: DeltaRenderer | None = None
+        if config.prompt_mode == "token_ids":
+            self.prepare()
+
+    def prepare(self) -> None:
+        """Load now what the first call would: in token-ids mode the tokenizer and its chat
+        template (``transformers``' import, seconds of CPU). Loaded at the first call, it
+        held the event loop, so every episode of an agent's first chunk waited for it and
+        vLLM saw that agent's requests trickle in. A failure is left for the calls, which
+        load again and report it (each episode records it)."""
+        if self.config.prompt_mode != "token_ids" or self._delta_renderer is not None:
+            return
+        try:
+            self._delta_renderer = self._load_renderer()
+        except Exception:  # the first call loads again and says what went wrong
+            pass
 
     @property
     def openai_client(self) -> openai.AsyncOpenAI:
@@ -353,11 +368,13 @@ class PolicyClient:
     @property
     def _renderer(self) -> DeltaRenderer:
         if self._delta_renderer is None:
-            kwargs = self.config.extra_body.get("chat_template_kwargs")
-            self._delta_renderer = DeltaRenderer(
-                chat_template_tokenizer(self.config.tokenizer or self.config.model), kwargs
-            )
+            self._delta_renderer = self._load_renderer()
         return self._delta_renderer
+
+    def _load_renderer(self) -> DeltaRenderer:
+        kwargs = self.config.extra_body.get("chat_template_kwargs")
+        tokenize = chat_template_tokenizer(self.config.tokenizer or self.config.model)
+        return DeltaRenderer(tokenize, kwargs)
 
 
 _RETRY_ERROR_CHARS = 120  # per failed try on a turn: enough to tell a 500 from a timeout

@@ -8,7 +8,9 @@ group, each spec living with its deployment (``rayrollout.deployments.scripted.k
 no deployment by name, and a package can add a kind without touching rayrollout. The one
 built-in kind is ``openai``: an external server, nothing to deploy.
 
-A name registered twice with different targets is an error naming both.
+A name registered twice with different targets is an error naming both. Finding,
+refusing duplicates and importing are ``rayrollout.plugins``' (shared with environments and
+agents); what is kind-specific stays here: the target must be a ``PolicyKind``.
 
 Example:
     >>> policy_kind("openai").build_app is None
@@ -17,23 +19,22 @@ Example:
 
 from __future__ import annotations
 
-import functools
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import Any, Protocol
 
 from rayrollout.auth import RouteAuth
 from rayrollout.data.config import RunConfig
 from rayrollout.errors import InputError, PolicyBoundaryError
+from rayrollout.plugins import PluginGroup
 from rayrollout.policy.gate import PauseMode
 from rayrollout.policy.protocol import Policy
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "EXTERNAL",
+    "POLICY_KINDS",
     "FixedWeights",
     "PolicyKind",
     "UnknownPolicyKindError",
@@ -124,46 +125,31 @@ class _ExternalWeights(FixedWeights):
 EXTERNAL = PolicyKind("openai", None, lambda config, url, token: _ExternalWeights())
 
 
-_BUILT_IN = "rayrollout.policy.kinds:EXTERNAL"
+POLICY_KINDS = PluginGroup(
+    "policy kind",
+    ENTRY_POINT_GROUP,
+    unknown=UnknownPolicyKindError,
+    by_path=False,
+    built_in={EXTERNAL.name: "rayrollout.policy.kinds:EXTERNAL"},
+    registers="a PolicyKind",
+)
+"""The policy kinds by name (``rayrollout.plugins``: entry points, duplicates, lazy import);
+``openai`` is built in."""
 
 
-@functools.cache
 def policy_kinds() -> dict[str, str]:
     """Every policy kind's name and ``"module:attr"`` target: the built-in ``openai`` and the
     registered ones (imported only when ``policy_kind`` is asked for one)."""
-    targets = {EXTERNAL.name: _BUILT_IN}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in targets and targets[ep.name] != ep.value:
-            raise UnknownPolicyKindError(
-                f"policy kind '{ep.name}' is registered twice: '{targets[ep.name]}' and "
-                f"'{ep.value}' (entry point group '{ENTRY_POINT_GROUP}'). Uninstall one, or "
-                "register one under another name"
-            )
-        targets[ep.name] = ep.value
-    return targets
+    return {name: found.target for name, found in POLICY_KINDS.registered().items()}
 
 
-@functools.cache
 def policy_kind(name: str) -> PolicyKind:
     """The policy kind ``name``; raises ``UnknownPolicyKindError`` listing the known ones."""
-    targets = policy_kinds()
-    if name not in targets:
-        raise UnknownPolicyKindError(
-            f"unknown policy kind '{name}'. Known: {', '.join(sorted(targets))}. Register a "
-            f"PolicyKind under the '{ENTRY_POINT_GROUP}' entry point"
-        )
-    if targets[name] == _BUILT_IN:
-        return EXTERNAL
-    module_name, _, attr = targets[name].partition(":")
-    try:
-        kind = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise UnknownPolicyKindError(
-            f"cannot import policy kind '{name}' from '{targets[name]}': {exc}"
-        ) from exc
+    target = POLICY_KINDS.resolve(name).target
+    kind = POLICY_KINDS.load(target, name)
     if not isinstance(kind, PolicyKind):
         raise UnknownPolicyKindError(
-            f"policy kind '{name}' = '{targets[name]}' is a {type(kind).__name__}, not a "
+            f"policy kind '{name}' = '{target}' is a {type(kind).__name__}, not a "
             "rayrollout.policy.kinds.PolicyKind"
         )
     return kind

@@ -138,6 +138,7 @@ def test_up_starts_detached_services_that_collect_attaches_to_and_down_removes(
     )
     listed = json.loads(shown.stdout)
     assert listed["engine"]["up"] is True and len(listed["agents"]) == 2
+    assert listed["service"]["url"] == state["service"]["url"]
     assert sum(listed["apps"]["svc.env.counter"]["replicas_per_node"].values()) == 1
 
     # A driver of the same namespace attaches instead of starting its own engine.
@@ -149,4 +150,11 @@ def test_up_starts_detached_services_that_collect_attaches_to_and_down_removes(
 
     removed = down("svc")
     assert "actor svc/engine" in removed and "serve app svc.policy" in removed
-    assert status("svc") == {"namespace": "svc", "engine": {"up": False}, "apps": {}, "agents": {}}
+    assert "actor svc/service" in removed  # the HTTP rollout service `up` started
+    assert status("svc") == {
+        "namespace": "svc",
+        "engine": {"up": False},
+        "service": {"up": False},
+        "apps": {},
+        "agents": {},
+    }

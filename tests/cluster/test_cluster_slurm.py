@@ -15,7 +15,7 @@ import yaml
 from raycluster import PLACEMENT, cluster_env, free_port_block
 from slurmlocal import LocalSlurm, missing_reason
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.system_package("slurm")]
 LAUNCHER = Path(__file__).resolve().parents[2] / "cluster" / "slurm" / "rayrollout.sbatch"
 
 

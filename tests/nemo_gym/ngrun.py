@@ -24,6 +24,10 @@ NG_SRC = NG_VENV / "src"
 READY = re.compile(r"All \d+ / \d+ servers ready")
 LEFTOVER_GRACE_S = 15.0
 READY_TIMEOUT_S = 300.0  # measured 10-12 s for three servers on an idle machine; loads of 20+ here
+# Ray's own start-up limit (30 s for its raylet, fixed in Ray) is what ng_run's Ray misses on an
+# overloaded machine; ng_run then exits before starting any server, so it is started again.
+RAY_START_FAILED = "The current node timed out during startup"
+START_ATTEMPTS = 3
 
 
 def free_port() -> int:
@@ -139,6 +143,15 @@ class NemoGymRun:
         return {**env, **self.extra_env}
 
     def start(self) -> NemoGymRun:
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                return self._start_once()
+            except RuntimeError as exc:
+                if RAY_START_FAILED not in str(exc) or attempt == START_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> NemoGymRun:
         config = self.workdir / "ng_config.yaml"
         config.write_text(yaml.safe_dump(self.blocks))
         env = self.environment()

@@ -26,6 +26,7 @@ TASK = Task(
     fields={"tests": ["assert square(3) == 9", "assert square(-2) == 4"]},
 )
 SOLUTION = "def square(x):\n    return x * x\n"
+sandboxed = pytest.mark.system_package("bubblewrap")  # skipped naming it where it is missing
 
 
 def episode(answer: str, task: Task = TASK) -> Episode:
@@ -42,12 +43,14 @@ def episode(answer: str, task: Task = TASK) -> Episode:
     )
 
 
+@sandboxed
 async def test_sandbox_kills_an_infinite_loop_at_the_timeout():
     result = await run_sandboxed("while True:\n    pass\n", timeout_s=0.5)
     assert result.timed_out
     assert result.exit_code is None
 
 
+@sandboxed
 async def test_sandbox_refuses_to_allocate_2_gib():
     result = await run_sandboxed("block = bytearray(2 * 1024**3)\nprint('allocated')\n")
     assert result.exit_code == 1
@@ -55,6 +58,7 @@ async def test_sandbox_refuses_to_allocate_2_gib():
     assert "allocated" not in result.stdout
 
 
+@sandboxed
 async def test_sandbox_truncates_huge_output():
     result = await run_sandboxed("print('x' * 100_000)\n", output_bytes=1024)
     assert result.exit_code == 0
@@ -62,6 +66,7 @@ async def test_sandbox_truncates_huge_output():
     assert len(result.stdout) < 1200
 
 
+@sandboxed
 async def test_sandbox_deletes_its_working_directory_afterwards():
     result = await run_sandboxed(
         "import os\nopen('scratch.txt', 'w').write('hi')\nprint(os.getcwd())\n"
@@ -71,18 +76,21 @@ async def test_sandbox_deletes_its_working_directory_afterwards():
     assert not workdir.exists()
 
 
+@sandboxed
 async def test_sandbox_hides_the_parent_environment_variables(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("RAYROLLOUT_SECRET", "hunter2")
     result = await run_sandboxed("import os\nprint(os.environ.get('RAYROLLOUT_SECRET'))\n")
     assert result.stdout == "None\n"
 
 
+@sandboxed
 async def test_run_python_reports_exit_code_and_output():
     code = "import sys\nprint('hi')\nprint('oops', file=sys.stderr)\nsys.exit(3)\n"
     result = await CodeEnv(TASK).call_tool("run_python", json.dumps({"code": code}))
     assert result == ToolResult(content="exit code 3\nstdout:\nhi\n\nstderr:\noops\n")
 
 
+@sandboxed
 async def test_run_python_tells_the_model_it_timed_out(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(CodeEnv, "timeout_s", 0.5)
     result = await CodeEnv(TASK).call_tool("run_python", '{"code": "while True: pass"}')
@@ -112,6 +120,7 @@ def test_extract_code_takes_the_last_fenced_block_or_the_whole_answer(answer: st
     assert extract_code(answer) == code
 
 
+@sandboxed
 @pytest.mark.parametrize(
     ("answer", "reward", "passed", "first_failure"),
     [
@@ -161,6 +170,7 @@ async def test_verifier_rewards_the_fraction_of_passing_tests(
         assert verification.details["first_failure"].startswith(first_failure)
 
 
+@sandboxed
 async def test_verifier_scores_zero_when_the_solution_hangs(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(CodeEnv, "timeout_s", 0.5)
     verification = await CodeEnv(TASK).verify(episode("while True:\n    pass\n"))
@@ -168,6 +178,7 @@ async def test_verifier_scores_zero_when_the_solution_hangs(monkeypatch: pytest.
     assert verification.details["first_failure"].startswith("the tests did not finish (timed out)")
 
 
+@sandboxed
 async def test_every_example_task_is_solved_by_the_function_its_prompt_describes():
     tasks = list(read_tasks(HERE / "tasks.jsonl"))
     assert 5 <= len(tasks) <= 10
@@ -189,6 +200,7 @@ async def play_small_episode(session: EnvSession) -> tuple[ToolResult, Verificat
     return result, await session.verify(episode(f"```python\n{SOLUTION}```"))
 
 
+@sandboxed
 @pytest.mark.usefixtures("serve_session")
 async def test_inline_and_serve_hosting_give_the_same_results():
     inline, served = await play_in_both_hostings(CodeEnv, TASK, play_small_episode)
@@ -214,3 +226,25 @@ async def test_run_python_names_the_fix_when_bubblewrap_is_missing(monkeypatch: 
         "`apt-get install bubblewrap`" in result.content
         and "never run unsandboxed" in result.content
     )
+
+
+def test_the_environment_says_before_a_run_that_it_cannot_run_without_bubblewrap(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    from rayrollout.environments.code import _bwrap
+
+    which = _bwrap.shutil.which
+    monkeypatch.setattr(
+        _bwrap.shutil, "which", lambda name: None if name == "bwrap" else which(name)
+    )
+    _bwrap.check_bubblewrap.cache_clear()
+    try:
+        reason = CodeEnv.unavailable_reason()
+    finally:
+        _bwrap.check_bubblewrap.cache_clear()
+    assert reason is not None and "(`apt-get install bubblewrap`)" in reason
+
+
+@sandboxed
+def test_the_environment_says_it_can_run_where_the_sandbox_starts():
+    assert CodeEnv.unavailable_reason() is None

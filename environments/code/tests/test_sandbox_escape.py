@@ -23,6 +23,8 @@ import pytest
 from escape_kit import REPO, attack, control, script
 from rayrollout.environments.code.sandbox import UID_RANGE, RunResult
 
+pytestmark = pytest.mark.system_package("bubblewrap")  # every attack needs the sandbox
+
 READ_ONLY = "OSError: [Errno 30] Read-only file system"
 ABSENT = "FileNotFoundError: [Errno 2]"
 WRITE_TARGETS = {  # where: (folder, how the sandbox refuses it)

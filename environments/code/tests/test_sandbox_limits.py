@@ -17,6 +17,8 @@ import pytest
 from escape_kit import attack, control, processes_with, script
 from rayrollout.environments.code.sandbox import run_sandboxed
 
+pytestmark = pytest.mark.system_package("bubblewrap")  # every attack needs the sandbox
+
 
 async def test_filling_the_disk_stops_at_the_work_dir_size():
     code = script(

@@ -17,6 +17,11 @@ of them into a ``.jsonl`` or ``.parquet`` file. One job per module:
 Each format module's docstring says where its shape comes from (the project's docs and
 source); the tests check the rows the way those projects' readers read them.
 
+Rewards go into every format as they are, any finite float (-1, 3, a sum of step rewards);
+TRL, verl and NeMo Gym all read a reward as a plain float. The two options that need a
+scale are thresholds in the rewards' own unit: ``min_reward`` (``sft``, default 1.0) and
+``min_gap`` (``dpo``, any positive number).
+
 May import: ``rayrollout.data`` only (the export runs without Ray).
 
 Example:

@@ -3,6 +3,7 @@ one kind's row source and puts the files in place whole."""
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -34,9 +35,11 @@ def export_run(
             so a failed export leaves no partial file. ``nemo-gym`` also writes
             ``<stem>_failures.jsonl`` and ``<stem>_materialized_inputs.jsonl`` beside it
             (``nemo_gym_files``), the same way.
-        min_reward: ``sft``: keep trajectories with status ``ok`` and at least this reward.
+        min_reward: ``sft``: keep trajectories with status ``ok`` and at least this reward
+            (rewards are any finite float; 1.0 is a success where success scores 1).
         min_gap: ``dpo``: pair a task's best and worst ``ok`` samples when their rewards
-            differ by at least this much (one pair per task).
+            differ by at least this much (one pair per task); any positive number, in the
+            rewards' unit.
 
     Raises:
         ExportError: a bad option, a missing or empty folder, a bad row (named by file and
@@ -55,8 +58,15 @@ def export_run(
             f"{kind} rows are JSONL (NeMo Gym reads and writes rollouts as JSONL); "
             f"name OUT {out.with_suffix('.jsonl').name!r}"
         )
-    if not 0.0 < min_gap <= 1.0:
-        raise ExportError(f"--min-gap must be in (0, 1] (rewards are in [0, 1]), got {min_gap}")
+    # Rewards are any finite float (-1, 3, sums of step rewards), so the gap is any positive
+    # number in the rewards' own unit; neither threshold clips a reward.
+    if not (math.isfinite(min_gap) and min_gap > 0.0):
+        raise ExportError(
+            f"--min-gap must be a positive number (a reward gap, in the rewards' unit), "
+            f"got {min_gap}"
+        )
+    if not math.isfinite(min_reward):
+        raise ExportError(f"--min-reward must be a finite number, got {min_reward}")
     folder = open_folder(source)
     counts = ExportSummary(kind=kind, out=out)
     targets = nemo_gym_files(out) if kind == "nemo-gym" else {"main": out}

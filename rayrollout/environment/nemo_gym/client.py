@@ -13,7 +13,9 @@ both directions:
   played against a running resources server, so ``--env-url NAME=URL`` needs no change to
   the episode loop. One ``NemoGymConnections`` per agent shares one connection pool; each
   episode has its own cookie jar, so the server's per-episode session never leaks between
-  episodes.
+  episodes. A server that answers ``/seed_session`` with 404 is taken for one of NeMo Gym's
+  Gymnasium-style servers (``/reset``, ``/step``): the session then plays it by reset and
+  step (``gymnasium.GymnasiumEpisode``, handed to the ``reset_step`` agent as ``env``).
 * The conversions between chat messages and Responses-API items live in
   ``rayrollout.data.responses`` (task reading and export use them too); they are
   re-exported here for the routes that answer the same protocol for our environments.
@@ -22,6 +24,7 @@ both directions:
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import re
 import uuid
@@ -41,6 +44,7 @@ from rayrollout.data.responses import (
 )
 from rayrollout.data.schema import Task
 from rayrollout.environment import Environment, Episode, ToolResult, Verification
+from rayrollout.environment.nemo_gym.gymnasium import GymnasiumEpisode
 from rayrollout.environment.tool_args import ToolCallRejected, parse_arguments, unknown_tool
 from rayrollout.errors import EnvironmentBoundaryError
 
@@ -161,6 +165,9 @@ class RemoteSession:
         # EnvSession's flag for a replica that died under the episode: a server's failures
         # are retried here and then end the episode, so it is never lost in that sense.
         self.lost = False
+        # Set by ``setup`` when the server is Gymnasium-style (no /seed_session): the
+        # reset/step side the ``reset_step`` agent plays (``reset_step_session`` finds it).
+        self.env: GymnasiumEpisode | None = None
 
     def _client(self) -> aiohttp.ClientSession:
         if self.http is None:
@@ -175,14 +182,15 @@ class RemoteSession:
             )
         return self.http
 
-    async def _post(self, route: str, body: Any) -> tuple[int, str]:
-        """POST with retries; returns the last (status, text) unless it never connected."""
+    async def _post(self, route: str, body: Any, retry: bool = True) -> tuple[int, str]:
+        """POST with retries (none where ``retry`` is false: a call that must not run twice);
+        returns the last (status, text) unless it never connected."""
         url = f"{self.base_url}/{route}"
         client = self._client()
         # orjson, not aiohttp's json= (the standard library's encoder): about a tenth of an
         # agent's CPU per URL episode went to encoding these bodies.
         data = orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
-        attempts = self.config.max_retries + 1
+        attempts = self.config.max_retries + 1 if retry else 1
         problem = ""
         for attempt in range(attempts):
             try:
@@ -216,17 +224,23 @@ class RemoteSession:
     async def setup(self) -> None:
         status, text = await self._post("seed_session", seed_body(self.task))
         if status == 404:
-            raise NemoGymError(
-                f"NeMo Gym server '{self.name}' at {self.base_url} has no POST /seed_session "
-                "(404): it is not a resources server. NeMo Gym's Gymnasium-style servers "
-                "(/reset and /step, played by its gymnasium_agent) are not supported; check "
-                f"environments.{self.name}.url"
-            )
+            # No /seed_session: a Gymnasium-style server (/reset, /step), played by the
+            # reset_step agent; its reset says so if the server has no /reset either.
+            where = f"NeMo Gym server '{self.name}' at {self.base_url}"
+            setting = f"environments.{self.name}.url"
+            self.env = GymnasiumEpisode(self._post, where, self.task, setting)
+            return
         if status >= 400:
             raise self._fail("seed_session", status, text)
         self.seeded = True
 
     async def call_tool(self, name: str, arguments: str) -> ToolResult:
+        if self.env is not None:
+            raise NemoGymError(
+                f"NeMo Gym server '{self.name}' at {self.base_url} is a Gymnasium-style server: "
+                f"its actions go through /step, not tool routes (tool '{name}'); play it with "
+                "the reset_step agent (--agent reset_step, or the row's 'agent')"
+            )
         try:
             if (self.tool_names is not None and name not in self.tool_names) or (
                 not _TOOL_NAME.match(name) or name in PROTOCOL_ROUTES
@@ -245,6 +259,8 @@ class RemoteSession:
         return ToolResult(content=content)
 
     async def verify(self, episode: Episode) -> Verification:
+        if self.env is not None:  # Gymnasium-style: /verify raises there; the steps scored it
+            return self.env.verification()
         # The whole task row, as NeMo Gym's own agents send it: verifiers read their own
         # fields from it (expected_result, id, ...) and 422 without them.
         body = {**seed_body(self.task), "response": episode_response(self.task, episode.messages)}
@@ -259,10 +275,12 @@ class RemoteSession:
                 f"NeMo Gym server '{self.name}' answered /verify without a numeric 'reward': "
                 f"{text[:300]}"
             ) from None
-        if not 0.0 <= reward <= 1.0:
+        # Any finite reward stands as the server gave it (-1, 0 to 3, -100); a reward sent as
+        # the text "NaN" or "inf" reads as a float that is not one.
+        if not math.isfinite(reward):
             raise NemoGymError(
-                f"NeMo Gym server '{self.name}' gave reward {reward}, outside [0, 1]; "
-                "rayrollout rewards are in [0, 1]: rescale it in the server's verify"
+                f"NeMo Gym server '{self.name}' gave reward {answer['reward']!r}, which is not "
+                "a finite number"
             )
         # A verify answer echoes its request (the episode and request re-serialized by the
         # server's models); what it adds or changes beside them explains the reward.
@@ -288,6 +306,9 @@ class RemoteSession:
         if self.http is None:
             return
         try:
+            if self.env is not None:
+                await self.env.close()
+                return
             if not self.seeded:  # no session was opened, so there is none to close
                 return
             status, text = await self._post("close_session", self.close_body())

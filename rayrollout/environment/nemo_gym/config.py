@@ -7,6 +7,11 @@ folder (``server/resources_servers/rayrollout_env``, whose ``app.py`` runs
 ``rayrollout env serve``), so the user writes no placeholder: they add
 ``nemo_gym_root()`` to ``NEMO_GYM_EXTRA_ROOTS`` and paste the block
 ``resources_server_block`` makes (``rayrollout env nemo-gym-config`` prints both).
+
+The other way round, NeMo Gym's rollout collection driving rayrollout's rollout service
+(``POST /run``, started by ``rayrollout up``) as its agent server, needs an agent block for
+the same reason: ``server/responses_api_agents/rayrollout_service`` relays ``/run`` and
+``/aggregate_metrics`` to the service's URL, and ``service_agent_block`` writes its block.
 """
 
 from __future__ import annotations
@@ -16,13 +21,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SERVER_FOLDER", "nemo_gym_root", "resources_server_block", "simple_agent_block"]
+__all__ = [
+    "AGENT_FOLDER",
+    "SERVER_FOLDER",
+    "nemo_gym_root",
+    "resources_server_block",
+    "service_agent_block",
+    "simple_agent_block",
+]
 
 SERVER_FOLDER = "rayrollout_env"  # the folder name ng_run resolves under resources_servers/
+AGENT_FOLDER = "rayrollout_service"  # ... and under responses_api_agents/
 
 
 def nemo_gym_root() -> Path:
-    """The folder to add to ``NEMO_GYM_EXTRA_ROOTS`` (it holds ``resources_servers/``)."""
+    """The folder to add to ``NEMO_GYM_EXTRA_ROOTS`` (it holds ``resources_servers/`` and
+    ``responses_api_agents/``)."""
     return Path(__file__).resolve().parent / "server"
 
 
@@ -71,6 +85,48 @@ def simple_agent_block(
                 }
             }
         },
+        f"{agent_name}_environment_server": {
+            "environment_servers": {
+                "legacy_agent": {
+                    "entrypoint": "app.py",
+                    "agent_server": {"type": "responses_api_agents", "name": agent_name},
+                }
+            }
+        },
+    }
+
+
+def service_agent_block(
+    agent_name: str,
+    url: str,
+    token_file: str | None = None,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+) -> dict[str, Any]:
+    """NeMo Gym agent server ``agent_name`` relaying to the rollout service at ``url``, and the
+    ``legacy_agent`` environment server through which 0.7.0's ``ng_collect_rollouts`` reaches
+    it (``<agent_name>_environment_server``).
+
+    Args:
+        agent_name: The name NeMo Gym knows the agent by (``+agent_name=`` of the collector).
+        url: The rollout service's URL (``rayrollout status`` prints it).
+        token_file: The file holding the service's token; None where the service serves
+            ``/run`` without one (``service.nemo_gym_run_without_token``).
+        host: Where NeMo Gym reaches the relay.
+        port: The relay's port; None lets ng_run pick a free one.
+    """
+    block: dict[str, Any] = {
+        "entrypoint": "app.py",
+        "url": url,
+        "host": host,
+        "description": f"rayrollout's rollout service at {url} (POST /run)",
+    }
+    if token_file is not None:
+        block["token_file"] = token_file
+    if port is not None:
+        block["port"] = port
+    return {
+        agent_name: {"responses_api_agents": {AGENT_FOLDER: block}},
         f"{agent_name}_environment_server": {
             "environment_servers": {
                 "legacy_agent": {

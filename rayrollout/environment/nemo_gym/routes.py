@@ -251,7 +251,7 @@ class NemoGymRoutes:
                 await handle.open.remote(key, task)
             # One routed call scores and releases the session (``close_after``). A separate
             # close was a second hop through Ray's router, where calls have hung: in CI
-            # (2026-11-24) a /verify ran past its client's 60 s after its session was
+            # a /verify ran past its client's 60 s after its session was
             # scored and ended, and the client's retry found the session gone.
             verification = await _assigned(
                 lambda: handle.verify.remote(key, episode, close_after=True), "verify"

@@ -8,7 +8,7 @@ block. NeMo Gym's agents then address it by ``host:port`` as any resources serve
 send no credentials (0.7.0's ServerClient builds ``http://host:port/route`` and no headers),
 so this entrypoint serves with ``--no-auth``: keep ``host`` a loopback or private address.
 
-The block (see README, "NeMo Gym"), under ``resources_servers: rayrollout_env:``::
+The block (see docs/how-to/nemo-gym.md), under ``resources_servers: rayrollout_env:``::
 
     entrypoint: app.py
     environment: weather          # a registered rayrollout environment or "module:Class"

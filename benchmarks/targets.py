@@ -1,0 +1,138 @@
+"""The benchmarks' targets: which figure of which result file, and the bar it should clear.
+
+Every benchmark keeps its latest result in ``results/<name>.json`` (``common.save_result``;
+a ``--smoke`` run in ``<name>.smoke.json``). ``docs/gen_reference.py`` reads these targets
+and those files into the table of ``docs/reference/benchmarks.md``: a figure the docs show
+is always the one a result file holds, never one typed into prose.
+
+``field`` is a path into the result: keys joined by dots, a list item picked by
+``[key=value]`` (``runs[concurrency=2048].efficiency``), ``*`` for every value of a mapping
+(the figure is then the largest of them). ``goal`` is ``>= X``, ``<= X`` or ``== X``; an
+empty goal marks a figure reported without a target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["TARGETS", "Target"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """One figure of one benchmark, and its bar."""
+
+    benchmark: str
+    figure: str
+    field: str
+    goal: str = ""
+
+
+TARGETS: tuple[Target, ...] = (
+    Target(
+        "overhead",
+        "engine / bare loop, inline environment, steady episodes/s",
+        "engine_inline.ratio_steady",
+        ">= 0.9",
+    ),
+    Target(
+        "overhead",
+        "engine / bare loop, inline environment, whole command",
+        "engine_inline.ratio_whole",
+        ">= 0.7",
+    ),
+    Target(
+        "overhead",
+        "engine / bare loop, NeMo Gym server by URL, steady episodes/s",
+        "engine_url.ratio_steady",
+        ">= 0.9",
+    ),
+    Target(
+        "overhead",
+        "engine / bare loop, NeMo Gym server by URL, whole command",
+        "engine_url.ratio_whole",
+        ">= 0.7",
+    ),
+    Target(
+        "overhead",
+        "engine / bare loop, Serve-hosted environment, steady episodes/s",
+        "engine_serve.ratio_steady",
+        ">= 0.5",
+    ),
+    Target(
+        "overhead",
+        "engine's CPU ms per episode (every engine process), inline",
+        "engine_inline.engine_side_cpu_ms_per_episode",
+        "<= 3",
+    ),
+    Target(
+        "latency_hiding",
+        "efficiency at 2,048 episodes in flight",
+        "runs[concurrency=2048].efficiency",
+        ">= 0.9",
+    ),
+    Target(
+        "latency_hiding",
+        "efficiency at 8,192 episodes in flight",
+        "runs[concurrency=8192].efficiency",
+        ">= 0.8",
+    ),
+    Target("scaling", "episodes/s with 1 actor playing episodes", "runs[agents=1].episodes_per_s"),
+    Target("scaling", "episodes/s with 2 actors", "runs[agents=2].episodes_per_s"),
+    Target("scaling", "episodes/s with 4 actors", "runs[agents=4].episodes_per_s"),
+    Target("memory", "RSS growth of any process, MB", "rss_mb.*.growth", "<= 100"),
+    Target(
+        "startup",
+        "seconds to the first episode: collect, external policy, inline environment",
+        "cases.collect_external_inline.first_episode_s",
+        "<= 5",
+    ),
+    Target(
+        "startup",
+        "seconds to the first episode: collect, external policy, environment by URL",
+        "cases.collect_external_env_url.first_episode_s",
+        "<= 5",
+    ),
+    Target("startup", "seconds to the first episode: demo", "cases.demo.first_episode_s", "<= 10"),
+    Target("startup", "seconds of `rayrollout --help`", "help.rayrollout --help.median_s", "<= 1"),
+    Target(
+        "agent_contract",
+        "built-in agent / the loop it replaced, episodes/s",
+        "ratio_contract_over_reference",
+    ),
+    Target("gateway", "program episodes lost", "a_programs.lost", "== 0"),
+    Target("gateway", "program episodes duplicated", "a_programs.duplicated", "== 0"),
+    Target(
+        "gateway",
+        "OpenAI SDK agent through the gateway / built-in loop, episodes/s",
+        "b_in_process.rate_ratio_gateway_over_direct",
+    ),
+    Target("chaos", "episodes lost after kills and resumes", "folder.lost", "== 0"),
+    Target("chaos", "episodes duplicated after kills and resumes", "folder.duplicated", "== 0"),
+    Target("vllm_ratio", "engine / bare client, generated tokens/s (vLLM)", "ratio", ">= 0.9"),
+    Target(
+        "prefix_affinity",
+        "vLLM prefix-cache hit rate on turns 2+, consistent-hash routing",
+        "arms.consistent_hash.later_turns.hit_rate",
+        ">= 0.9",
+    ),
+    Target(
+        "service",
+        "HTTP service / actor handle, episodes/s at 256 in flight",
+        "ratio.episodes_per_s",
+        ">= 0.9",
+    ),
+    Target(
+        "service",
+        "seconds to a new batch's first trajectory, warm service (median)",
+        "first_row_s.median",
+        "<= 1",
+    ),
+    Target("service", "seconds to import the light client", "client_import_s.seconds"),
+    Target(
+        "task_reading",
+        "driver bytes per row read and checked, 10^6 rows",
+        "sizes.1000000.bytes_per_row",
+        "<= 100",
+    ),
+)

@@ -1,0 +1,12 @@
+"""The rollout API over HTTP: what the engine actor offers a training loop, for trainers that
+cannot join the Ray cluster (another Ray, another Python): docs/how-to/service.md.
+
+``actor`` is the detached ``service`` actor ``rayrollout up`` starts beside the engine;
+``routes`` its HTTP routes; ``core`` what each call does (batches fed to the engine's
+``stream`` within their bound, the training-loop calls forwarded); ``batches`` a batch's
+rows by cursor and the registry of batches; ``nemo_gym_run`` NeMo Gym's ``POST /run``.
+The wire format is ``rayrollout.client.models``, shared with the light client.
+
+May import: the engine and everything below it (as the rest of ``api``), and
+``rayrollout.client.models`` (the wire format); never the CLI.
+"""

@@ -1,0 +1,223 @@
+"""The rollout service's wire format, shared by the service and the client: one owner.
+
+Requests are strict (``extra="forbid"``: a misspelt field is a 400 naming it); answers are
+open (``extra="allow"``), so a client keeps working against a newer service that says more.
+A trajectory travels as the row ``Trajectory.to_row()`` writes to Parquet and JSONL (its
+JSON columns ``tools``, ``verification`` and ``task_fields`` as text): ``TrajectoryRow``
+types the fields a trainer reads (token ids, logprobs, policy version per turn, reward) and
+keeps every other one as it came. Nothing here imports pyarrow or Ray: this module is half
+of the light client.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "BATCH_ID_PATTERN",
+    "BatchStatus",
+    "EngineStats",
+    "Limits",
+    "PauseAnswer",
+    "PauseRequest",
+    "PolicyState",
+    "RowError",
+    "ServiceInfo",
+    "StreamedTrajectory",
+    "SubmitRequest",
+    "TrajectoryRow",
+    "Turn",
+    "WeightsAnswer",
+    "WeightsRequest",
+]
+
+BATCH_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+"""Batch ids: URL-safe, at most 128 characters (the client makes a UUID)."""
+
+PauseMode = Literal["wait", "abort_and_retry", "continue"]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class SubmitRequest(_Request):
+    """``POST /v1/batches``: task rows to run ``n`` times each."""
+
+    batch_id: str = Field(
+        pattern=BATCH_ID_PATTERN,
+        description="Chosen by the client and sent again on a retry: a submit whose batch id "
+        "the service holds adds nothing (the answer says created=false).",
+    )
+    tasks: list[dict[str, Any]] = Field(
+        min_length=1,
+        description="Task rows as in a tasks file: rayrollout's ({prompt, environment?, "
+        "agent?, sampling?, task_id?, ...verifier fields}) or NeMo Gym's.",
+    )
+    n: int = Field(default=1, ge=1, description="Samples per task (a GRPO group).")
+    write: bool | None = Field(
+        default=None,
+        description="Also write the rows to the run's output folder (default: the config's "
+        "training.write_trajectories); sample indices then continue past those on disk.",
+    )
+    skip_invalid: bool = Field(
+        default=False,
+        description="Run the valid rows and list the bad ones in the answer's 'rejected' "
+        "(default: any bad row refuses the whole submit with 400, nothing started).",
+    )
+
+
+class RowError(_Answer):
+    """One task row the service refused."""
+
+    row: int = Field(description="Index of the row in the submitted 'tasks' list (0-based).")
+    task_id: str | None = None
+    field: str | None = Field(default=None, description="The offending field, dotted.")
+    message: str
+
+
+class Limits(_Answer):
+    """The service's bounds (the config's ``service`` section)."""
+
+    max_buffered_rows: int
+    max_open_batches: int
+    max_tasks_per_submit: int
+    max_samples_per_task: int
+    max_body_mb: float
+
+
+class BatchStatus(_Answer):
+    """A batch: what was submitted, how far it got, what the client acknowledged."""
+
+    batch_id: str
+    created: bool = Field(
+        default=False, description="In a submit's answer: False when the batch id was known."
+    )
+    tasks: int
+    n: int
+    samples: int = Field(description="tasks x n: the rows the batch will stream.")
+    finished: int = Field(description="Rows finished so far (cursors 0 .. finished-1).")
+    acknowledged: int = Field(description="Cursor below which the client acknowledged rows.")
+    running: int = Field(description="Samples sent to the engine and not finished.")
+    done: bool = Field(description="Every sample finished.")
+    error: str | None = Field(default=None, description="Why the batch cannot finish.")
+    rejected: list[RowError] = Field(default_factory=list)
+    limits: Limits
+
+
+class Turn(_Answer):
+    """One model call of a trajectory (every field of the row's turn is kept)."""
+
+    prompt_token_ids: list[int] = Field(default_factory=list)
+    completion_token_ids: list[int] = Field(default_factory=list)
+    logprobs: list[float] = Field(default_factory=list)
+    policy_version: int = 0
+    speaker: str = "policy"
+    extends_previous: bool = False
+    finish_reason: str | None = None
+
+
+class TrajectoryRow(_Answer):
+    """One finished episode as its output row (``Trajectory.to_row``)."""
+
+    task_id: str
+    sample_index: int
+    group_id: str
+    environment: str
+    agent: str = ""
+    played_by: str = ""
+    model: str = ""
+    policy_version: int = 0
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    tools: str = Field(default="[]", description="Tool schemas offered, as JSON text.")
+    turns: list[Turn] = Field(default_factory=list)
+    reward: float = 0.0
+    verification: str = Field(default="{}", description="The verifier's details, JSON text.")
+    status: str = "ok"
+    error: str | None = None
+    close_error: str | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    task_fields: str = Field(default="{}", description="The task's verifier fields, JSON text.")
+    created_at: datetime | None = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """``(task_id, sample_index)``: what the service answers at most once per batch."""
+        return (self.task_id, self.sample_index)
+
+    def details(self) -> dict[str, Any]:
+        """The verifier's details, decoded."""
+        value = json.loads(self.verification or "{}")
+        return value if isinstance(value, dict) else {}
+
+
+class StreamedTrajectory(_Answer):
+    """One line of a batch's stream: the row and its cursor (resume from ``cursor + 1``)."""
+
+    cursor: int
+    trajectory: TrajectoryRow
+
+
+class PauseRequest(_Request):
+    mode: PauseMode | None = Field(
+        default=None, description="Calls in flight: 'wait', 'abort_and_retry' or 'continue'."
+    )
+
+
+class PauseAnswer(_Answer):
+    mode: str | None = None
+    calls_in_flight: int = 0
+    seconds: float = 0.0
+
+
+class WeightsRequest(_Request):
+    """``POST /v1/weights``: a checkpoint the engine can read, by absolute path."""
+
+    path: str | None = Field(
+        default=None, description="Safetensors folder; None: only the version moves."
+    )
+    version: int | None = Field(default=None, description="Default: the current version + 1.")
+    request_id: str | None = Field(
+        default=None,
+        pattern=BATCH_ID_PATTERN,
+        description="Sent again on a retry: an update the service already made answers again "
+        "instead of moving the version twice.",
+    )
+
+
+class WeightsAnswer(_Answer):
+    version: int
+
+
+class PolicyState(_Answer):
+    version: int
+    paused: bool
+
+
+class EngineStats(_Answer):
+    """The engine's ``stats()`` (every figure kept; these typed)."""
+
+    episodes_done: int
+    episodes_in_flight: int
+    episodes_per_s: float
+    errors: int
+    policy: PolicyState
+
+
+class ServiceInfo(_Answer):
+    """``GET /v1/info``: the run behind the service."""
+
+    namespace: str
+    run_id: str | None = None
+    output_dir: str
+    output_format: str
+    policy_version: int
+    limits: Limits

@@ -1,0 +1,213 @@
+"""Task sets of many files (shards), read through Ray Data's streaming reads.
+
+An RL prompt set is often a directory of Parquet or JSONL shards too large for one machine's
+memory or disk-reading speed. ``ShardSet`` names one (a directory, read recursively, or a
+glob; names starting with '.' or '_' are skipped, as Ray Data skips them), and ``stream``
+reads it with Ray Data: read tasks run on the cluster's nodes, and the rows come to the driver
+as it asks for them, so reading waits while the engine's queue is full, as the driver's
+submission does. The path must be one every node sees (a shared file system).
+
+The dataset is iterated by a reader actor (``task_shard_reader.ShardReader``), not by the
+driver, which takes the actor's rows in chunks small enough to travel inline
+(``CHUNK_BYTES``), one chunk ahead, so its memory is what it is for one file.
+
+Reading is a ``FileBasedDatasource`` of our own (``task_shard_source``) rather than
+``read_json``/``read_text``, because every row must be named by its shard and line, as a
+file's rows are: ``read_json`` infers one Arrow schema per block and fails a whole shard on
+one odd row (NeMo Gym rows differ in shape from row to row), and ``read_text`` splits on
+every Unicode line boundary (U+2028 is legal inside a JSON string) and drops blank lines'
+numbers. Each read task yields blocks of ``(source, line, raw)``: the shard's path within
+the set, the line (a Parquet file's row number, from 1), and the row's JSON text (a Parquet
+row is written as JSON by the worker), which the driver checks as it checks a file's lines
+(``tasks.row_from_line``). Blocks come back in shard order (``preserve_order``), so
+``--limit`` takes the same rows on every run and ``--resume`` finds them again.
+
+The first rows are read here, without Ray (``local_rows``), so that a bad first row is
+reported before anything starts, as with one file; ``stream`` goes on after them.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import pyarrow.parquet as pq
+
+from rayrollout.data.tasks import SourceRow, row_from_line
+from rayrollout.errors import InputError
+
+__all__ = [
+    "BLOCK_BYTES",
+    "BLOCK_ROWS",
+    "CHUNK_BYTES",
+    "READ_AHEAD",
+    "READ_TASKS",
+    "SHARD_SUFFIXES",
+    "ShardReadError",
+    "ShardSet",
+    "is_shard_set",
+    "shard_lines",
+]
+
+SHARD_SUFFIXES = (".jsonl", ".json", ".parquet")
+BLOCK_ROWS = 4096
+"""Rows per table a read task yields, and per batch the driver takes (about 2 MB of NeMo Gym
+rows)."""
+BLOCK_BYTES = 4 << 20
+"""Ray Data's largest block for a shard set (its default, 128 MB, would make a block of a
+whole shard, read whole before its first row reaches the driver)."""
+READ_AHEAD = 64 << 20
+"""Object store memory the read may fill ahead of the driver (Ray Data's backpressure)."""
+READ_TASKS = 4
+"""Shards read at once; enough to keep ahead of the engine, few enough to leave the CPUs to
+the episodes."""
+CHUNK_BYTES = 64 << 10
+"""Raw rows the driver takes from the reader per call: under Ray's 100 KiB limit for objects
+passed inline, so rows reach the driver without the object store (see ``stream``)."""
+_READ_CHUNK = 1 << 20
+_GLOB_CHARS = set("*?[")
+
+
+class ShardReadError(InputError, OSError):
+    """A shard of a task set could not be read (not Parquet, unreadable, gone)."""
+
+
+def is_shard_set(path: str | Path) -> bool:
+    """Whether ``path`` names a shard set (a directory, or a glob) rather than one file."""
+    text = str(path)
+    return Path(text).is_dir() or (not Path(text).exists() and bool(_GLOB_CHARS & set(text)))
+
+
+def shard_lines(file: IO[bytes], parquet: bool) -> Iterator[tuple[int, bytes]]:
+    """``(line, raw JSON)`` for every row of an open shard: a JSONL shard's lines that are
+    not blank, split on ``\\n`` only (numbered as a text editor numbers them); a Parquet
+    shard's rows as JSON, numbered from 1, null fields left out as a file's are."""
+    if parquet:
+        number = 0
+        for batch in pq.ParquetFile(file).iter_batches(batch_size=1024):
+            for row in batch.to_pylist():
+                number += 1
+                kept = {k: v for k, v in row.items() if v is not None}
+                yield number, json.dumps(kept, ensure_ascii=False, default=str).encode()
+        return
+    number, rest = 0, b""
+    while chunk := file.read(_READ_CHUNK):
+        lines = (rest + chunk).split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            number += 1
+            if line.strip():
+                yield number, line
+    if rest.strip():
+        yield number + 1, rest
+
+
+class ShardSet:
+    """The shards of a task set, in name order, each named by its path within the set.
+
+    Args:
+        spec: A directory (every ``.jsonl``/``.json``/``.parquet`` file under it) or a glob
+            (``data/train-*.parquet``; quote it on the command line).
+
+    Raises:
+        FileNotFoundError: no shard matched; the message says what was looked for.
+    """
+
+    def __init__(self, spec: str | Path) -> None:
+        self.spec = str(spec)
+        path = Path(self.spec).absolute()
+        if path.is_dir():
+            found = [p for p in path.rglob("*") if p.is_file() and self._is_shard(p, path)]
+            root = path
+        else:
+            found = [Path(p).absolute() for p in glob.glob(self.spec, recursive=True)]
+            found = [p for p in found if p.is_file() and p.suffix in SHARD_SUFFIXES]
+            root = Path(os.path.commonpath([p.parent for p in found])) if found else path.parent
+        self.root = root
+        self.files = sorted(found)
+        self._taken = (0, 0)  # (shard, line) of the last row local_rows handed out
+        if not self.files:
+            kinds = ", ".join(SHARD_SUFFIXES)
+            raise FileNotFoundError(
+                f"no task shards in {self.spec}: a shard set is a directory or a glob of "
+                f"{kinds} files (names starting with '.' or '_' are skipped)"
+            )
+
+    @staticmethod
+    def _is_shard(path: Path, root: Path) -> bool:
+        parts = path.relative_to(root).parts
+        return path.suffix in SHARD_SUFFIXES and not any(p[0] in "._" for p in parts)
+
+    def __repr__(self) -> str:
+        return f"ShardSet({self.spec!r}, {len(self.files)} shards)"
+
+    def name(self, path: str | Path) -> str:
+        """A shard's path within the set: how its rows are named (``train/part-3.jsonl``)."""
+        return Path(path).absolute().relative_to(self.root).as_posix()
+
+    def count_rows(self) -> int | None:
+        """Rows in the set, from the Parquet footers alone; None if a shard is JSONL
+        (counting its lines would read every byte in the driver)."""
+        if any(p.suffix != ".parquet" for p in self.files):
+            return None
+        return sum(pq.read_metadata(p).num_rows for p in self.files)
+
+    def local_rows(self, limit: int) -> Iterator[SourceRow]:
+        """The first ``limit`` rows of the set, read in this process (no Ray), shard after
+        shard; ``stream`` goes on from the row after the last one taken."""
+        count = 0
+        for index, path in enumerate(self.files):
+            name = self.name(path)
+            with path.open("rb") as file:
+                for line, raw in shard_lines(file, path.suffix == ".parquet"):
+                    if count >= limit:
+                        return
+                    count += 1
+                    self._taken = (index, line)
+                    yield name, line, *row_from_line(name, line, raw)
+            self._taken = (index + 1, 0)
+
+    def stream(self) -> Iterator[SourceRow]:
+        """The rows after those ``local_rows`` handed out, through Ray Data, in shard order.
+
+        Needs Ray up (the engine started it). The reader starts at once (its actor, Ray
+        Data's first reads), so that its start-up overlaps the head's episodes; the rows
+        come as the returned iterator is read, which raises ``ShardReadError`` naming the
+        set if a shard cannot be read.
+        """
+        from rayrollout.data.task_shard_reader import ShardReader
+
+        start, skip_lines = self._taken
+        files = self.files[start:]
+        if not files:
+            return iter(())
+        paths = [str(p) for p in files]
+        reader = ShardReader.remote(paths, str(self.root), skip_lines)  # type: ignore[attr-defined]
+        return self._rows_of(reader, reader.take.remote(CHUNK_BYTES))
+
+    def _rows_of(self, reader: Any, pending: Any) -> Iterator[SourceRow]:
+        """The reader's rows, a chunk at a time, the next chunk asked for while one is
+        checked; the reader is killed when the rows end or are left (``close``)."""
+        import ray
+
+        try:
+            while True:
+                try:
+                    chunk: list[tuple[str, int, bytes]] = ray.get(pending)
+                except ray.exceptions.RayTaskError as exc:
+                    cause = str(exc.cause if exc.cause is not None else exc).strip()
+                    raise ShardReadError(
+                        f"cannot read the shard set {self.spec}: {cause.splitlines()[-1]}"
+                    ) from None
+                if not chunk:
+                    return
+                pending = reader.take.remote(CHUNK_BYTES)
+                for name, line, raw in chunk:
+                    yield name, line, *row_from_line(name, line, raw)
+        finally:
+            if ray.is_initialized():  # not when the interpreter is already going down
+                ray.kill(reader)

@@ -1,0 +1,87 @@
+"""The reset/step session: what the ``reset_step`` agent needs of any source.
+
+One session serves one episode: ``reset`` opens it with the task's prompt and answers the
+conversation the model starts from; each ``step`` takes the model's reply as the action and
+answers the observation, the step's reward and whether the episode ended. The session is
+closed by whoever opened it (the engine, for an environment's ``close``), failed episodes
+included.
+
+The action is the whole assistant ``Message``: sources that read text (skyrl-gym, GEM) take
+its content; a source with typed actions or tools can read its tool calls or JSON instead,
+with no change to the agent. Observations are chat messages, so a source that answers tool
+outputs can answer them as tool messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rayrollout.data.schema import Message
+from rayrollout.errors import EnvironmentBoundaryError
+
+__all__ = ["Opening", "ResetStepError", "ResetStepSession", "StepResult", "reset_step_session"]
+
+
+class ResetStepError(EnvironmentBoundaryError, RuntimeError):
+    """A reset/step environment failed (could not be made, reset or stepped, or gave a
+    reward that is not a finite number); the message names the source and its id."""
+
+
+class Opening(BaseModel):
+    """What ``reset`` answers: the conversation the model starts from."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    messages: list[Message] = Field(
+        min_length=1,
+        description="The task's prompt as the environment hands it back, with its first "
+        "observation (a user message) where it gives one.",
+    )
+    info: dict[str, Any] = Field(default_factory=dict, description="The source's reset info.")
+
+
+class StepResult(BaseModel):
+    """What one ``step`` answers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    observation: list[Message] = Field(
+        default_factory=list,
+        description="What the model reads next (user messages; tool messages for tool "
+        "outputs); nothing when the source gives none.",
+    )
+    reward: float = Field(allow_inf_nan=False, description="This step's reward, any finite float.")
+    terminated: bool = Field(default=False, description="The episode reached its end state.")
+    truncated: bool = Field(
+        default=False, description="The source cut the episode short (its own turn limit)."
+    )
+    info: dict[str, Any] = Field(default_factory=dict, description="The source's step info.")
+
+    @property
+    def ended(self) -> bool:
+        return self.terminated or self.truncated
+
+
+@runtime_checkable
+class ResetStepSession(Protocol):
+    """One episode's reset/step connection to its environment."""
+
+    async def reset(self, prompt: list[Message]) -> Opening: ...
+    async def step(self, action: Message) -> StepResult: ...
+
+
+def reset_step_session(session: object) -> ResetStepSession | None:
+    """The reset/step side of an episode's environment session, or None where it has none.
+
+    A session kind that speaks reset/step itself is its own; an inline session hands over
+    its environment instance when that is a reset/step environment. A Serve-hosted
+    environment has none (its instance lives on a replica the agent cannot step).
+    """
+    if isinstance(session, ResetStepSession):
+        return session
+    environment = getattr(session, "env", None)
+    if isinstance(environment, ResetStepSession):
+        return environment
+    return None

@@ -1,0 +1,129 @@
+"""One trajectory as one token sequence, the shape every trainer trains on.
+
+The engine records each model call as a turn: the ids the model saw (``prompt_token_ids``),
+the ids it sampled and their logprobs. When a call extends the previous one (the agent kept
+the whole history), its prompt is the previous prompt, the previous completion, then the new
+environment tokens (tool results, a user's reply). Laid end to end this is one sequence: the
+first prompt, then for each turn the environment tokens the model did not sample (mask 0,
+logprob 0.0) and the completion it did (mask 1, its logprobs). Ids are taken as the engine
+recorded them, never re-tokenized.
+
+An episode that failed, or whose turns do not chain into one sequence (an agent that rewrote
+the history, ids that do not extend, a policy that returned no logprobs), is flagged with
+``failed`` and ``error``; its mask is all 0, so a trainer that keeps it learns nothing from it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from rayrollout.client.models import TrajectoryRow
+
+__all__ = ["Sequence", "flatten", "group_rows"]
+
+POLICY = "policy"
+
+
+@dataclass
+class Sequence:
+    """One episode as a trainer sees it."""
+
+    task_id: str
+    sample_index: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    mask: list[int]  # 1 on tokens the policy sampled, 0 on environment tokens
+    logprobs: list[float]  # aligned with response_ids; 0.0 on environment tokens
+    reward: float
+    status: str
+    error: str | None
+    policy_versions: list[int] = field(default_factory=list)  # one per policy turn
+    step_rewards: list[float | None] = field(default_factory=list)  # one per policy turn
+    stop_reason: str = "stop"
+    row: TrajectoryRow | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.status != "ok" or self.error is not None
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.policy_versions)
+
+    @property
+    def oldest_version(self) -> int | None:
+        return min(self.policy_versions) if self.policy_versions else None
+
+
+def flatten(row: TrajectoryRow) -> Sequence:
+    """The row's policy turns as one sequence (see the module's docstring)."""
+    turns = [t for t in row.turns if t.speaker == POLICY]
+    prompt: list[int] = []
+    response: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] = []
+    problem = row.error if row.status != "ok" else None
+    for index, turn in enumerate(turns):
+        if len(turn.logprobs) != len(turn.completion_token_ids) and problem is None:
+            problem = (
+                f"turn {index}: {len(turn.completion_token_ids)} completion ids but "
+                f"{len(turn.logprobs)} logprobs (serve the policy with logprobs and token ids)"
+            )
+        if index == 0:
+            prompt = list(turn.prompt_token_ids)
+        else:
+            seen = prompt + response
+            if not turn.extends_previous or turn.prompt_token_ids[: len(seen)] != seen:
+                if problem is None:
+                    problem = (
+                        f"turn {index}: its prompt ids do not extend the previous turn's prompt "
+                        "and completion, so the episode is not one token sequence"
+                    )
+                break
+            environment = turn.prompt_token_ids[len(seen) :]
+            response += environment
+            mask += [0] * len(environment)
+            logprobs += [0.0] * len(environment)
+        response += turn.completion_token_ids
+        mask += [1] * len(turn.completion_token_ids)
+        own = list(turn.logprobs)
+        logprobs += own + [0.0] * (len(turn.completion_token_ids) - len(own))
+    if not turns and problem is None:
+        problem = "the episode has no policy turn"
+    status = row.status if row.status != "ok" or problem is None else "not_one_sequence"
+    finish = turns[-1].finish_reason if turns else None
+    return Sequence(
+        task_id=row.task_id,
+        sample_index=row.sample_index,
+        prompt_ids=prompt,
+        response_ids=response[: len(mask)],
+        mask=[0] * len(mask) if problem else mask,
+        logprobs=logprobs[: len(mask)],
+        reward=row.reward,
+        status=status,
+        error=problem,
+        policy_versions=[t.policy_version for t in turns],
+        step_rewards=[getattr(t, "step_reward", None) for t in turns],
+        stop_reason="error" if problem else (finish or "stop"),
+        row=row,
+    )
+
+
+def group_rows(rows: list[TrajectoryRow]) -> dict[str, list[TrajectoryRow]]:
+    """Rows by task id, each group in sample order (what a GRPO group is)."""
+    groups: dict[str, list[TrajectoryRow]] = defaultdict(list)
+    for row in rows:
+        groups[row.task_id].append(row)
+    return {task: sorted(group, key=lambda r: r.sample_index) for task, group in groups.items()}
+
+
+def task_row(
+    task_id: str, prompt: Any, environment: str | None, fields: dict[str, Any] | None
+) -> dict[str, Any]:
+    """A rayrollout task row from what a trainer's batch carries."""
+    row: dict[str, Any] = {**(fields or {}), "task_id": task_id, "prompt": prompt}
+    if environment:
+        row["environment"] = environment
+    return row

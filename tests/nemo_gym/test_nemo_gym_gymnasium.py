@@ -1,0 +1,238 @@
+"""NeMo Gym 0.7.0's Gymnasium-style servers through ``collect --env-url``, and against its own
+``gymnasium_agent``.
+
+blackjack is NeMo Gym's own server (``GymnasiumServer``: ``/reset`` deals a hand, ``/step``
+reads ``<action>hit|stand</action>`` from the model's Responses answer; +1 win, 0 draw, -1
+loss or bust; no ``/seed_session``), started by its own ``ng_run``. Its deals are random, so
+each episode's reward is checked against the server's own account of the hand (its final
+step's ``info``), not against a fixed number. The scripted policy plays the actions a row
+scripts (``[[replies=...]]``), the ``reset_step`` agent steps them.
+
+example_multi_turn_gymnasium is deterministic (scripted follow-ups, 1 when the last answer
+holds the expected text), so the same rows and scripted replies are also played by NeMo
+Gym's own ``gymnasium_agent`` (with its ``openai_model`` on the scripted policy, collected
+by ``ng_collect_rollouts``): the rewards and step counts must be the same.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from ngrun import NG_VENV, NemoGymRun, free_port, resources_server_block
+from ray import serve
+from typer.testing import CliRunner
+
+from rayrollout.cli.commands import app as cli_app
+
+HIT, STAND = "<action>hit</action>", "<action>stand</action>"
+SCRIPTS = [[STAND], [HIT, STAND], [HIT, HIT, STAND], [HIT]]  # the last one hits to a bust
+REWARD_OF = {"win": 1.0, "draw": 0.0, "loss": -1.0, "bust": -1.0}
+
+
+@pytest.fixture(scope="module")
+def blackjack(ng_src: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
+    port = free_port()
+    run = NemoGymRun(resources_server_block("blackjack", port), tmp_path_factory.mktemp("bj"))
+    run.start()
+    try:
+        yield f"http://127.0.0.1:{port}", run
+    finally:
+        run.stop()
+
+
+def _rows(ng_src: Path, path: Path) -> Path:
+    """NeMo Gym's own blackjack row, once per script: the script in its system message."""
+    example = ng_src / "resources_servers" / "blackjack" / "data" / "example.jsonl"
+    row = json.loads(example.read_text().splitlines()[0])
+    with path.open("w") as out:
+        for script in SCRIPTS:
+            copy = json.loads(json.dumps(row))
+            system = copy["responses_create_params"]["input"][0]
+            system["content"] += f" [[replies={json.dumps(script)}]]"
+            out.write(json.dumps(copy) + "\n")
+    return path
+
+
+def _script(row: pd.Series) -> list[str]:
+    """The actions a trajectory's row scripted (in its system message)."""
+    system = json.loads(row["task_fields"])["responses_create_params"]["input"][0]["content"]
+    (script,) = [s for s in SCRIPTS if f"[[replies={json.dumps(s)}]]" in system]
+    return script
+
+
+def _codes(run: NemoGymRun, route: str) -> list[str]:
+    """Status codes of the access-log lines of ``POST /route`` on the blackjack server."""
+    pattern = rf"\(blackjack[^)]*\) INFO:\s+\S+ - \"POST /{route} HTTP/1.1\" (\d+)"
+    return re.findall(pattern, run.log())
+
+
+def _collect(
+    tmp_path: Path, tasks: Path, url: str, port: int, *flags: str, exit_code: int = 0
+) -> pd.DataFrame:
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {"namespace": f"ng-bj-{tmp_path.name[-8:]}", "ray": {"serve_port": port},
+             "agents": {"max_turns": 20}}
+        )
+    )  # fmt: skip
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        cli_app,
+        ["collect", str(tasks), "--env", "blackjack", "--env-url", f"blackjack={url}",
+         "--out", str(out), "--config", str(config), *flags],
+    )  # fmt: skip
+    assert result.exit_code == exit_code, result.output
+    return pd.read_parquet(out)
+
+
+def test_collect_plays_nemo_gyms_blackjack_by_reset_and_step(
+    blackjack: tuple, ng_src: Path, serve_session: int, tmp_path: Path
+) -> None:
+    url, run = blackjack
+    frame = _collect(
+        tmp_path, _rows(ng_src, tmp_path / "bj.jsonl"), url, serve_session, "--agent", "reset_step"
+    )
+
+    assert len(frame) == len(SCRIPTS)
+    assert (frame["status"] == "ok").all(), frame["error"].tolist()
+    assert frame["close_error"].isna().all(), frame["close_error"].tolist()
+    steps_total = 0
+    for _, row in frame.iterrows():
+        verification = json.loads(row["verification"])
+        script = _script(row)
+        step_rewards = [t["step_reward"] for t in row["turns"] if t["step_reward"] is not None]
+        # Each step's reward is on its turn; the episode's is their sum, the server's verdict.
+        assert step_rewards == verification["step_rewards"]
+        assert row["reward"] == pytest.approx(sum(step_rewards))
+        assert verification["terminated"] is True  # the server ended the hand (and its state)
+        info = verification["info"]
+        assert row["reward"] == REWARD_OF[info["result"]], info
+        # The scripted actions were the ones stepped: a hand not busted ended on the stand.
+        if info["result"] != "bust":
+            assert verification["steps"] == len(script), (script, verification)
+        elif len(script) > 1:
+            assert verification["steps"] <= len(script) - 1
+        steps_total += verification["steps"]
+    # The server's own access log: no /seed_session (that is how the kind was found), one
+    # reset per episode and every step answered.
+    assert _codes(run, "seed_session").count("404") >= len(SCRIPTS)
+    assert _codes(run, "reset") == ["200"] * len(SCRIPTS)
+    assert _codes(run, "step") == ["200"] * steps_total
+
+
+def test_another_agent_on_a_gymnasium_server_fails_saying_which_agent_plays_it(
+    blackjack: tuple, ng_src: Path, serve_session: int, tmp_path: Path
+) -> None:
+    url, _ = blackjack
+    tasks = _rows(ng_src, tmp_path / "bj.jsonl")
+    frame = _collect(tmp_path, tasks, url, serve_session, exit_code=3)  # 3: every episode failed
+    assert (frame["status"] == "error").all()
+    for error in frame["error"]:
+        assert "Gymnasium-style" in error and "reset_step" in error, error
+
+
+MULTI_TURN = "example_multi_turn_gymnasium"
+
+
+@pytest.fixture(scope="module")
+def policy_url(serve_session: int) -> Iterator[str]:
+    from rayrollout.deployments.scripted import scripted_policy_app
+
+    from rayrollout.auth import RouteAuth
+
+    # NeMo Gym's openai_model sends its openai_api_key (below) as the bearer token.
+    app = scripted_policy_app(auth=RouteAuth.bearer("not-needed"))
+    serve.run(app, name="ng-gym-policy", route_prefix="/ng-gym-policy")
+    yield f"http://127.0.0.1:{serve_session}/ng-gym-policy/v1"
+    serve.delete("ng-gym-policy")
+
+
+def _multi_turn_rows(ng_src: Path, path: Path) -> list[dict]:
+    """NeMo Gym's own rows, each with scripted replies: the expected answer in every other."""
+    example = ng_src / "resources_servers" / MULTI_TURN / "data" / "example.jsonl"
+    rows = [json.loads(line) for line in example.read_text().splitlines() if line.strip()]
+    for i, row in enumerate(rows):
+        reply = f"It is {row['expected_answer']}." if i % 2 == 0 else "I cannot say."
+        row["responses_create_params"]["input"][0]["content"] += (
+            f" [[replies={json.dumps([reply])}]]"
+        )
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return rows
+
+
+def test_the_same_rows_and_replies_score_as_nemo_gyms_own_gymnasium_agent(
+    ng_src: Path, policy_url: str, serve_session: int, tmp_path: Path
+) -> None:
+    tasks = tmp_path / "multi_turn.jsonl"
+    rows = _multi_turn_rows(ng_src, tasks)
+    port = free_port()
+    blocks = resources_server_block(MULTI_TURN, port)
+    agent_config = yaml.safe_load(
+        (ng_src / "resources_servers" / MULTI_TURN / "configs" / f"{MULTI_TURN}.yaml").read_text()
+    )
+    for name, block in agent_config.items():
+        if name != MULTI_TURN:  # its gymnasium_agent and that agent's environment server
+            blocks[name] = block
+    blocks["policy_model"] = {
+        "responses_api_models": {
+            "openai_model": {
+                "entrypoint": "app.py",
+                "openai_base_url": policy_url,
+                "openai_api_key": "not-needed",
+                "openai_model": "scripted",
+                "openai_default_headers": {},
+            }
+        }
+    }
+    run = NemoGymRun(blocks, tmp_path)
+    output = tmp_path / "rollouts.jsonl"
+    try:
+        run.start()
+        collected = subprocess.run(
+            [
+                str(NG_VENV / "bin" / "ng_collect_rollouts"),
+                f"+agent_name={MULTI_TURN}_agent",
+                f"+input_jsonl_fpath={tasks}",
+                f"+output_jsonl_fpath={output}",
+                f"+head_server={{host: 127.0.0.1, port: {run.head_port}}}",
+            ],
+            cwd=tmp_path,
+            env=run.environment(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-3000:]
+        ours = _collect(tmp_path, tasks, f"http://127.0.0.1:{port}", serve_session,
+                        "--agent", "reset_step")  # fmt: skip
+    finally:
+        run.stop()
+    theirs = [json.loads(line) for line in output.read_text().splitlines() if line.strip()]
+    assert len(theirs) == len(ours) == len(rows)
+    assert (ours["status"] == "ok").all(), ours["error"].tolist()
+
+    def first_prompt(params: dict) -> str:
+        return params["input"][0]["content"]
+
+    their_reward = {first_prompt(r["responses_create_params"]): r["reward"] for r in theirs}
+    their_steps = {
+        first_prompt(r["responses_create_params"]): sum(
+            1 for item in r["response"]["output"] if item.get("role") == "assistant"
+        )
+        for r in theirs
+    }
+    for _, row in ours.iterrows():
+        key = first_prompt(json.loads(row["task_fields"])["responses_create_params"])
+        verification = json.loads(row["verification"])
+        assert row["reward"] == their_reward[key], (key, row["reward"], their_reward[key])
+        assert verification["steps"] == their_steps[key], key
+    expected = [1.0 if i % 2 == 0 else 0.0 for i in range(len(rows))]
+    assert sorted(their_reward.values()) == sorted(expected)

@@ -1,0 +1,179 @@
+"""The reference pages generated from the code (docs/gen_reference.py) are current and whole.
+
+Every config field, every CLI command and option and every output column must be on its
+page: a field or command added to the code without ``python docs/gen_reference.py`` fails
+here, naming what is missing. The checks walk the code themselves (pydantic's fields,
+typer's commands, the Arrow schema), not the generator, so a generator that skips something
+fails them too.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = ROOT / "docs" / "reference"
+sys.path.insert(0, str(ROOT / "docs"))
+
+import gen_reference  # noqa: E402
+
+
+def model_in(annotation: object) -> tuple[type[BaseModel] | None, str]:
+    """The pydantic model a field holds (directly, optional, in a list or a mapping) and the
+    path segment its fields sit under (``''``, ``'[]'``, ``'.<name>'``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, ""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is dict and len(args) == 2:
+        model, how = model_in(args[1])
+        return model, ".<name>" + how
+    if origin is list and args:
+        model, how = model_in(args[0])
+        return model, "[]" + how
+    for arg in args:
+        model, how = model_in(arg)
+        if model is not None:
+            return model, how
+    return None, ""
+
+
+def config_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every dotted key of a config model, nested ones included."""
+    paths = []
+    for name, info in model.model_fields.items():
+        paths.append(prefix + name)
+        nested, how = model_in(info.annotation)
+        if nested is not None:
+            paths += config_paths(nested, f"{prefix}{name}{how}.")
+    return paths
+
+
+def missing_config_fields(page: str) -> list[str]:
+    from rayrollout.deployments.vllm.app import VllmDeploymentConfig
+
+    from rayrollout.data.config import RunConfig
+
+    wanted = config_paths(RunConfig) + config_paths(VllmDeploymentConfig)
+    return [path for path in wanted if f"| `{path}` |" not in page]
+
+
+def cli_entries() -> list[str]:
+    """``'rayrollout collect'`` for every command and ``'rayrollout collect --out'`` for each
+    of its visible options, from the typer app itself."""
+    import typer
+
+    from rayrollout.cli.commands import app
+
+    entries: list[str] = []
+
+    def walk(command: object, path: list[str]) -> None:
+        subcommands = getattr(command, "commands", None)
+        if subcommands is not None:
+            for name, sub in subcommands.items():
+                if not sub.hidden:
+                    walk(sub, [*path, name])
+            return
+        name = " ".join(path)
+        entries.append(name)
+        for param in command.params:  # type: ignore[attr-defined]
+            if hasattr(param, "is_flag") and not param.hidden:
+                entries.append(f"{name} {param.opts[0]}")
+
+    walk(typer.main.get_command(app), ["rayrollout"])
+    return entries
+
+
+def missing_cli_entries(page: str) -> list[str]:
+    sections = {block.split("`", 1)[0]: block for block in page.split("\n## `rayrollout")[1:]}
+    missing = []
+    for entry in cli_entries():
+        command, _, option = entry.partition(" -")
+        section = sections.get(command.removeprefix("rayrollout"))
+        if section is None or (option and f"`-{option}" not in section):
+            missing.append(entry)
+    return missing
+
+
+def test_the_generated_pages_are_up_to_date():
+    stale = gen_reference.stale_pages()
+    assert not stale, f"stale: {stale}; run python docs/gen_reference.py and commit the pages"
+
+
+def test_every_config_field_is_in_the_config_reference():
+    page = (REFERENCE / "config.md").read_text()
+    assert missing_config_fields(page) == []
+
+
+def test_every_command_and_option_is_in_the_cli_reference():
+    page = (REFERENCE / "cli.md").read_text()
+    assert missing_cli_entries(page) == []
+
+
+def test_every_output_column_is_in_the_rows_reference():
+    from rayrollout.data.schema import trajectory_arrow_schema
+
+    page = (REFERENCE / "output-rows.md").read_text()
+    assert [f for f in trajectory_arrow_schema().names if f"| `{f}` |" not in page] == []
+
+
+def test_the_checks_name_a_field_or_command_missing_from_a_page():
+    config = (REFERENCE / "config.md").read_text()
+    gone = "| `policy.timeout_s` |"
+    without = "\n".join(line for line in config.splitlines() if gone not in line)
+    assert missing_config_fields(without) == ["policy.timeout_s"]
+    cli = (REFERENCE / "cli.md").read_text()
+    without_resume = "\n".join(line for line in cli.splitlines() if "`--resume`" not in line)
+    assert missing_cli_entries(without_resume) == ["rayrollout collect --resume"]
+    head, _, rest = cli.partition("\n## `rayrollout demo`")
+    without_demo = head + rest.partition("\n## ")[1] + rest.partition("\n## ")[2]
+    assert "rayrollout demo" in missing_cli_entries(without_demo)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("engine_inline.ratio_steady", 0.93),
+        ("runs[concurrency=2048].efficiency", 0.5),
+        ("rss_mb.*.growth", 49.0),
+        ("help.rayrollout --help.median_s", 0.26),
+    ],
+)
+def test_a_benchmark_figure_is_read_from_its_result(field, value):
+    result = {
+        "engine_inline": {"ratio_steady": 0.93},
+        "runs": [{"concurrency": 64, "efficiency": 0.9}, {"concurrency": 2048, "efficiency": 0.5}],
+        "rss_mb": {"engine": {"growth": 49.0}, "driver": {"growth": 2.0}},
+        "help": {"rayrollout --help": {"median_s": 0.26}},
+    }
+    assert gen_reference.lookup(result, field) == value
+
+
+def test_a_missing_figure_is_a_key_error_and_goals_compare():
+    with pytest.raises(KeyError):
+        gen_reference.lookup({"runs": []}, "runs[concurrency=8192].efficiency")
+    assert gen_reference.meets(0.93, ">= 0.9") and not gen_reference.meets(0.85, ">= 0.9")
+    assert gen_reference.meets(4.2, "<= 5") and gen_reference.meets(0, "== 0")
+
+
+def test_every_target_names_a_benchmark_that_exists():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from targets import TARGETS
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    for target in TARGETS:
+        assert (ROOT / "benchmarks" / f"{target.benchmark}.py").exists(), target
+        if target.goal:
+            gen_reference.meets(0.0, target.goal)  # a goal that parses
+
+
+def test_the_results_kept_are_json_with_their_command():
+    for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
+        result = json.loads(path.read_text())
+        assert result["command"].startswith("python benchmarks/"), path

@@ -1,0 +1,102 @@
+"""GEM's own environments through ``collect`` (the ``gem`` source, the ``reset_step``
+agent): game:GuessTheNumber-v0-easy, seeded per row. Each row's rewards must equal GEM's
+own when the game is reset with the same seed and stepped by hand with the same actions,
+the -0.1 of an answer without a guess included.
+
+The scripted policy plays the model: each row's system prompt carries
+``[[replies=[...]]]``, the k-th reply its k-th action (the last one again past the end).
+"""
+
+import json
+import math
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+gem = pytest.importorskip("gem", reason="GEM is not installed: pip install 'rayrollout[gem]'")
+
+from rayrollout import read_trajectories  # noqa: E402
+from rayrollout.cli.commands import app  # noqa: E402
+
+GAME = "game:GuessTheNumber-v0-easy"  # 1 to 10, four guesses
+MAX_TURNS = 6
+
+
+def row(task_id, seed, replies):
+    system = f"Guess the number; put it in \\boxed{{}}. [[replies={json.dumps(replies)}]]"
+    return {
+        "task_id": task_id,
+        "prompt": [{"role": "system", "content": system}],
+        "env_id": GAME,
+        "seed": seed,
+    }
+
+
+ROWS = [
+    row("found", 3, ["\\boxed{11}", "\\boxed{5}", "\\boxed{4}"]),  # seed 3 hides a 4
+    row("no-guess", 3, ["I would rather not."]),  # GEM's format error: -0.1, game over
+    row("out-of-guesses", 8, ["\\boxed{1}", "\\boxed{2}", "\\boxed{3}", "\\boxed{10}"]),
+]
+
+
+def by_hand(task):
+    """GEM's own loop over the same actions: make, reset(seed), step until it ends."""
+    replies = json.loads(task["prompt"][0]["content"].split("[[replies=", 1)[1][:-2])
+    env = gem.make(task["env_id"])
+    env.reset(seed=task["seed"])
+    rewards = []
+    for turn in range(MAX_TURNS):
+        _, reward, terminated, truncated, _ = env.step(replies[min(turn, len(replies) - 1)])
+        rewards.append(float(reward))
+        if terminated or truncated:
+            break
+    return rewards
+
+
+@pytest.fixture(scope="module")
+def gem_run(tmp_path_factory, serve_session):
+    base = tmp_path_factory.mktemp("gem")
+    tasks = base / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    config = base / "run.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "namespace": "gem-tests",
+                "ray": {"serve_port": serve_session},
+                "agents": {"max_turns": MAX_TURNS},
+            }
+        )
+    )
+    out = base / "out"
+    args = ["collect", tasks, "--env", "gem", "--agent", "reset_step", "-n", "2", "--out", out]
+    result = CliRunner().invoke(app, [str(a) for a in [*args, "--config", config]])
+    assert result.exit_code == 0, result.output
+    found: dict[str, list] = {}
+    for trajectory in read_trajectories(out):
+        found.setdefault(trajectory.task_id, []).append(trajectory)
+    return found
+
+
+@pytest.mark.parametrize("task", ROWS, ids=[r["task_id"] for r in ROWS])
+def test_rewards_equal_gems_own_for_the_same_seed_and_actions(gem_run, task):
+    expected = by_hand(task)
+    samples = gem_run[task["task_id"]]
+    assert len(samples) == 2  # a GRPO group: both samples play the row's seeded game
+    for trajectory in samples:
+        assert trajectory.status == "ok", trajectory.error
+        assert [t.step_reward for t in trajectory.turns] == expected
+        assert trajectory.reward == math.fsum(expected)
+        assert trajectory.verification["env_id"] == GAME
+
+
+def test_the_games_end_as_gem_ends_them(gem_run):
+    found = gem_run["found"][0]
+    assert found.reward == 1.0 and found.verification["terminated"]
+    assert "Congratulations" in found.verification["final_observation"][0]
+    assert gem_run["no-guess"][0].reward == pytest.approx(-0.1)
+    out = gem_run["out-of-guesses"][0].verification
+    assert out["truncated"] and out["steps"] == 4
+    # The first observation is GEM's instructions, after the row's system prompt.
+    assert "You are playing Guess The Number" in found.messages[1].content
