@@ -113,7 +113,7 @@ TARGETS: tuple[Target, ...] = (
     Target(
         "prefix_affinity",
         "vLLM prefix-cache hit rate on turns 2+, consistent-hash routing",
-        "arms.consistent_hash.later_turns.hit_rate",
+        "arms.consistent_hash.turns.later_turns.hit_rate",
         ">= 0.9",
     ),
     Target(
