@@ -428,14 +428,10 @@ def probe_policy(config: RunConfig, key: str | None, timeout_s: float = PROBE_TI
         if exc.code in (401, 403):
             raise PolicyCheckError(_refused(config, key, exc.code)) from None
         return
-    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
-        reason = getattr(exc, "reason", exc)
-        if isinstance(reason, TimeoutError):
-            reason = f"no answer within {timeout_s:g} s"
-        elif isinstance(reason, OSError) and reason.strerror:
-            reason = reason.strerror
+    except _SILENCE as exc:
         raise PolicyCheckError(
-            f"the policy endpoint {base} does not answer (GET {url}: {reason}): start the "
+            f"the policy endpoint {base} does not answer (GET {url}: "
+            f"{_silence_reason(exc, timeout_s)}): start the "
             "server, or pass the right --base-url (policy.base_url)"
         ) from None
     served = _model_ids(body)
@@ -463,16 +459,26 @@ def probe_environment_urls(config: RunConfig, timeout_s: float = PROBE_TIMEOUT_S
             opener.open(settings.url, timeout=timeout_s).close()
         except urllib.error.HTTPError as exc:
             exc.close()
-        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
-            reason = getattr(exc, "reason", exc)
-            if isinstance(reason, TimeoutError):
-                reason = f"no answer within {timeout_s:g} s"
-            elif isinstance(reason, OSError) and reason.strerror:
-                reason = reason.strerror
+        except _SILENCE as exc:
             raise EnvironmentUrlError(
-                f"environment {name!r} at {settings.url} does not answer (GET: {reason}): start "
+                f"environment {name!r} at {settings.url} does not answer "
+                f"(GET: {_silence_reason(exc, timeout_s)}): start "
                 f"the server, or pass the right --env-url (environments.{name}.url)"
             ) from None
+
+
+_SILENCE = (urllib.error.URLError, OSError, ValueError, http.client.HTTPException)
+"""What a probe's ``GET`` raises when nothing answers (an HTTP error status is an answer)."""
+
+
+def _silence_reason(exc: BaseException, timeout_s: float) -> str:
+    """Why a probe got no answer, in a few words: the timeout, or the socket's own reason."""
+    reason = getattr(exc, "reason", exc)
+    if isinstance(reason, TimeoutError):
+        return f"no answer within {timeout_s:g} s"
+    if isinstance(reason, OSError) and reason.strerror:
+        return reason.strerror
+    return str(reason)
 
 
 def _refused(config: RunConfig, key: str | None, status: int) -> str:

@@ -34,7 +34,12 @@ from pydantic import ValidationError
 from rayrollout.data.responses import episode_response, seed_body
 from rayrollout.data.schema import Message, Task
 from rayrollout.environment.contract import Verification
-from rayrollout.environment.reset_step.protocol import Opening, ResetStepError, StepResult
+from rayrollout.environment.reset_step.protocol import (
+    Opening,
+    ResetStepError,
+    StepResult,
+    step_details,
+)
 
 __all__ = ["GymnasiumEpisode", "PostFn"]
 
@@ -145,18 +150,8 @@ class GymnasiumEpisode:
                 "/seed_session) and the episode never reset it: play it with the reset_step "
                 "agent (--agent reset_step, or the row's 'agent')"
             )
-        last = self.last
-        details: dict[str, Any] = {
-            "source": "NeMo Gym gymnasium",
-            "steps": len(self.rewards),
-            "step_rewards": list(self.rewards),
-            "terminated": bool(last and last.terminated),
-            "truncated": bool(last and last.truncated),
-        }
-        if last is not None and last.ended and last.observation:
-            details["final_observation"] = [m.content for m in last.observation]
-        if last is not None and last.info:
-            details["info"] = last.info
+        details: dict[str, Any] = {"source": "NeMo Gym gymnasium"}
+        details.update(step_details(self.rewards, self.last))
         return Verification(reward=math.fsum(self.rewards), details=details)
 
     async def close(self) -> None:

@@ -26,7 +26,12 @@ from pydantic import ValidationError
 
 from rayrollout.data.schema import Message, Task
 from rayrollout.environment.contract import Environment, Episode, Verification
-from rayrollout.environment.reset_step.protocol import Opening, ResetStepError, StepResult
+from rayrollout.environment.reset_step.protocol import (
+    Opening,
+    ResetStepError,
+    StepResult,
+    step_details,
+)
 
 __all__ = ["ResetStepEnvironment", "chat_messages"]
 
@@ -124,20 +129,8 @@ class ResetStepEnvironment(Environment):
                 f"{self.where()} is a reset/step environment and was never reset: play it "
                 "with the reset_step agent (--agent reset_step, or the row's 'agent')"
             )
-        last = self.last
-        details: dict[str, Any] = {
-            "source": self.source,
-            "env_id": self.env_id,
-            "steps": len(self.rewards),
-            "step_rewards": list(self.rewards),
-            "terminated": bool(last and last.terminated),
-            "truncated": bool(last and last.truncated),
-        }
-        if last is not None and last.ended and last.observation:
-            # The model never reads what the environment says at the end; it is kept here.
-            details["final_observation"] = [m.content for m in last.observation]
-        if last is not None and last.info:
-            details["info"] = last.info
+        details: dict[str, Any] = {"source": self.source, "env_id": self.env_id}
+        details.update(step_details(self.rewards, self.last))
         return Verification(reward=self.episode_reward(self.rewards), details=details)
 
     async def _call(self, failing: str, call: Any, *args: Any) -> Any:

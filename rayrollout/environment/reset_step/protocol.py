@@ -21,7 +21,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from rayrollout.data.schema import Message
 from rayrollout.errors import EnvironmentBoundaryError
 
-__all__ = ["Opening", "ResetStepError", "ResetStepSession", "StepResult", "reset_step_session"]
+__all__ = [
+    "Opening",
+    "ResetStepError",
+    "ResetStepSession",
+    "StepResult",
+    "reset_step_session",
+    "step_details",
+]
 
 
 class ResetStepError(EnvironmentBoundaryError, RuntimeError):
@@ -85,3 +92,20 @@ def reset_step_session(session: object) -> ResetStepSession | None:
     if isinstance(environment, ResetStepSession):
         return environment
     return None
+
+
+def step_details(rewards: list[float], last: StepResult | None) -> dict[str, Any]:
+    """How a reset/step episode went, for its verification's ``details``: every source
+    (in process or by URL) records the same keys, so trainers and ``show`` read one shape."""
+    details: dict[str, Any] = {
+        "steps": len(rewards),
+        "step_rewards": list(rewards),
+        "terminated": bool(last and last.terminated),
+        "truncated": bool(last and last.truncated),
+    }
+    if last is not None and last.ended and last.observation:
+        # The model never reads what the environment says at the end; it is kept here.
+        details["final_observation"] = [m.content for m in last.observation]
+    if last is not None and last.info:
+        details["info"] = last.info
+    return details
