@@ -236,6 +236,39 @@ def test_a_bad_row_past_the_head_stops_the_stream_naming_its_line(tmp_path, smal
     assert [(exc.line, raw) for exc, raw in skipping.rejects] == [(40, rows[39])]
 
 
+def test_an_environment_this_machine_cannot_run_met_past_the_head_is_a_bad_row(
+    tmp_path, small_head
+):
+    """In the head it is the run's error and nothing starts (tests/test_preflight.py); past
+    it the run has started, so it is a bad row like any other: named by its line, the
+    rows before it kept, and with --skip-invalid a reject."""
+    rows = [own_row(i) for i in range(60)]
+    rows[39] = rows[45] = own_row(39, environment="needy")
+    rows[45]["task_id"] = "t45"
+    path = write_rows(tmp_path / "tasks.jsonl", rows)
+    environments = {
+        "echo": {"path": "fixture_envs:EchoEnv"},
+        "needy": {"path": "test_preflight:NeedsFrobnicator"},
+    }
+    plan = plan_collect(path, RunConfig.model_validate({"environments": environments}))
+    taken = []
+    with pytest.raises(InvalidTasksError) as caught:
+        for task in plan.tasks:
+            taken.append(task.task_id)
+    print(f"\nUNAVAILABLE {caught.value}")
+    assert caught.value.stopped and len(taken) == 39
+    assert (
+        "tasks.jsonl line 40, field 'environment': environment 'needy' cannot run on this "
+        "machine: it needs the frobnicator: apt-get install frobnicator; fix it, then run "
+        "again with --resume"
+    ) in str(caught.value)
+    assert "Nothing was started" not in str(caught.value)
+    config = RunConfig.model_validate({"environments": environments, "skip_invalid": True})
+    skipping = plan_collect(path, config)
+    assert len(list(skipping.tasks)) == 58
+    assert [exc.line for exc, _ in skipping.rejects] == [40, 46]
+
+
 def test_the_progress_total_comes_from_a_count_of_the_rows(tmp_path, small_head):
     path = write_rows(tmp_path / "tasks.jsonl", [own_row(i) for i in range(500)])
     plan = plan_collect(path, echo_config(num_repeats=2, limit=300))

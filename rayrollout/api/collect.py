@@ -76,6 +76,7 @@ from rayrollout.api.preflight import (
     check_task_agents,
     check_tasks_file,
     environment_known,
+    environment_unavailable,
     external_policy,
     probe_environment_urls,
     probe_policy,
@@ -87,6 +88,7 @@ from rayrollout.data.task_shards import ShardSet, is_shard_set
 from rayrollout.data.tasks import (
     CheckedRow,
     InvalidTaskError,
+    RowRefused,
     SourceRow,
     UniqueTaskIds,
     check_rows,
@@ -210,6 +212,7 @@ def plan_collect(
         )
         plan._hint = lambda: unknown_environments_hint(config) if check.unknown else ""
         _read_head(plan, rows, HEAD_ROWS)
+        check.started = True  # the rest is read once the run has started
         check_task_agents(plan.head, config, Path(plan.source).name)
         plan._agents = AgentCheck(config, {t.agent for t in plan.head if t.agent})
         if not plan.complete:
@@ -324,21 +327,37 @@ def _count_rows(path: Path) -> int:
 class _EnvironmentCheck:
     """Whether a task's environment is known (registered, in the config, or importable),
     remembering the answers: the names it found unknown make the error list the known ones.
-    A known one this machine cannot run raises ``EnvironmentUnavailableError`` (the run's
-    error, not the row's) when it is first met."""
+
+    A known one this machine cannot run, met in the head, raises
+    ``EnvironmentUnavailableError``: the run's error, and nothing has started. Met past the
+    head (``started``: the run is going), it refuses the row (``RowRefused``): a bad row like
+    any other, named by its line, which stops the run there or goes to the rejects file with
+    ``skip_invalid``; what was submitted before it is played and written."""
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
+        self.started = False
         self.known: set[str] = set()
         self.unknown: set[str] = set()
+        self.unavailable: dict[str, str] = {}
 
     def __call__(self, name: str) -> bool:
+        if name in self.unavailable:
+            raise RowRefused(self.unavailable[name])
         if name in self.known:
             return True
         if name in self.unknown:
             return False
         found = environment_known(name, self.config)
-        if found:
+        if found and self.started:
+            reason = environment_unavailable(name, self.config)
+            if reason is not None:
+                self.unavailable[name] = (
+                    f"environment {name!r} cannot run on this machine: {reason}; fix it, "
+                    "then run again with --resume"
+                )
+                raise RowRefused(self.unavailable[name])
+        elif found:
             check_environment_available(name, self.config)
         (self.known if found else self.unknown).add(name)
         return found

@@ -109,6 +109,12 @@ class InvalidTaskError(InputError, ValueError):
         }
 
 
+class RowRefused(Exception):
+    """Raised by a ``check_environment`` callable of ``check_rows``: the row's environment is
+    known but refused (``str(exc)`` says why); the row becomes an ``InvalidTaskError`` of
+    field 'environment' naming its line."""
+
+
 SourceRow = tuple[str, int, "dict[str, Any] | Task | InvalidTaskError", "str | None"]
 """A row as read: ``(source, line, row or the error reading it, raw text or None)``; a row
 in memory may be a ``Task`` already."""
@@ -399,7 +405,7 @@ def check_rows(
         rows: Rows as read (``SourceRow``), from one file or many shards.
         default_environment: Environment for rows that name none (``--env``).
         check_environment: Returns whether an environment name is known; unknown ones are
-            errors of field 'environment'.
+            errors of field 'environment', as are the ones it raises ``RowRefused`` for.
         unique: The ids claimed so far (a fresh ``UniqueTaskIds`` if None); pass one to
             share it across calls.
         shards: The rows come from a shard set: a NeMo Gym row without an id is numbered
@@ -423,13 +429,18 @@ def check_rows(
                     shard=source if shards else None,
                 )
             )
-            if check_environment is not None and not check_environment(task.environment):
-                raise InvalidTaskError(
-                    source,
-                    line,
-                    "environment",
-                    f"unknown environment {task.environment!r} (see `rayrollout env list`)",
-                )
+            if check_environment is not None:
+                try:
+                    known = check_environment(task.environment)
+                except RowRefused as refused:
+                    raise InvalidTaskError(source, line, "environment", str(refused)) from None
+                if not known:
+                    raise InvalidTaskError(
+                        source,
+                        line,
+                        "environment",
+                        f"unknown environment {task.environment!r} (see `rayrollout env list`)",
+                    )
             unique.check(task, source, line)
         except InvalidTaskError as exc:
             yield source, line, exc, raw
@@ -450,7 +461,7 @@ def read_tasks(
         path: A ``.jsonl`` (or ``.json`` lines) or ``.parquet`` file of task rows.
         default_environment: Environment for rows that name none (``--env``).
         check_environment: Returns whether an environment name is known; unknown ones are
-            errors of field 'environment'.
+            errors of field 'environment', as are the ones it raises ``RowRefused`` for.
         on_invalid: Called with each bad row's error (and raw text) instead of raising; the
             rest of the file still streams (``--skip-invalid``).
 
