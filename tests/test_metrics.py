@@ -51,8 +51,9 @@ def test_documented_metrics_appear_with_sensible_values(tmp_path, serve_session,
     assert finished == 12
     assert sample(text, "ray_rayrollout_episodes_submitted", namespace="metrics-test") == 12
     assert sample(text, "ray_rayrollout_reward_count", namespace="metrics-test") == 12
-    # every reward was 1.0: all 12 observations lie above the top finite bucket
+    # every reward was 1.0: all 12 observations lie between the buckets that bound 1
     assert sample(text, "ray_rayrollout_reward_bucket", namespace="metrics-test", le="0.9999") == 0
+    assert sample(text, "ray_rayrollout_reward_bucket", namespace="metrics-test", le="1.0001") == 12
     assert sample(text, "ray_rayrollout_policy_call_seconds_count", namespace="metrics-test") == 24
     assert sample(text, "ray_rayrollout_episodes_in_flight", namespace="metrics-test") == 0
     tool_calls = sample(

@@ -1,7 +1,7 @@
 """Live run metrics through ``ray.util.metrics``: they reach Ray's Prometheus endpoint and
 dashboard with no extra service.
 
-Recorded by the engine from the rows agents hand back, so they cost no extra hop. Ray
+Recorded by the engine from the rows workers hand back, so they cost no extra hop. Ray
 exports each name with a ``ray_`` prefix (``ray_rayrollout_episodes_finished_total``).
 
 | name | kind | tags |
@@ -28,7 +28,11 @@ from ray.util import metrics
 __all__ = ["METRIC_NAMES", "RunMetrics"]
 
 _SECONDS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120]
-_REWARD = [0.0001, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.9999]
+# Rewards are any finite float. Ray's histogram boundaries must be positive, so every
+# reward at or below 0.0001 (negative ones included) shares the first bucket; the tenths
+# split [0, 1], and the rest split rewards above 1. The histogram's sum and count stay exact
+# for any reward, so its mean does too.
+_REWARD = [0.0001, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.9999, 1.0001, 2, 5, 10, 100]
 METRIC_NAMES = (
     "rayrollout_episodes_submitted",
     "rayrollout_episodes_finished",
@@ -56,7 +60,7 @@ class RunMetrics:
         env, env_status = ("namespace", "environment"), ("namespace", "environment", "status")
         self.base = base
         self.submitted = metrics.Counter(
-            "rayrollout_episodes_submitted", "Episodes queued for the agents.", tag_keys=env
+            "rayrollout_episodes_submitted", "Episodes queued for the workers.", tag_keys=env
         )
         self.finished = metrics.Counter(
             "rayrollout_episodes_finished",
@@ -65,7 +69,7 @@ class RunMetrics:
         )
         self.in_flight = metrics.Gauge(
             "rayrollout_episodes_in_flight",
-            "Episodes on agents now: running, or waiting there for a running slot.",
+            "Episodes on workers now: running, or waiting there for a running slot.",
             tag_keys=("namespace",),
         )
         self.reward = metrics.Histogram(
