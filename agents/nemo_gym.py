@@ -79,7 +79,7 @@ class NemoGymAgent(Agent):
         self._http: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
-        """One connection pool per agent actor, made in its event loop on first use."""
+        """One connection pool per worker actor, made in its event loop on first use."""
         if self._http is None or self._http.closed:
             self._http = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0),

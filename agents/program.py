@@ -24,7 +24,7 @@ policy key and Ray's settings stay out):
   interpreter rayrollout runs in, with its packages), ``HOME``, ``LANG``, ``TMPDIR`` and
   the like, ``PYTHONUNBUFFERED=1``; then ``env`` from the args.
 
-It runs in ``cwd`` (default: the agent actor's working directory, which for a local Ray is
+It runs in ``cwd`` (default: the worker actor's working directory, which for a local Ray is
 the one the run was started from, so relative paths read as in the command line).
 
 The transcript the verifier reads is what the program sent and got through the gateway. A

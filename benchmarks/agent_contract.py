@@ -42,7 +42,7 @@ async def reference_episode(
 ) -> Any:
     """The loop before agents were pluggable (``reference_loop.py``)."""
     session = InlineSession(env_cls, spec.task, {})
-    return await reference_loop.run_episode(spec, env_cls, session, policy, config.agents)
+    return await reference_loop.run_episode(spec, env_cls, session, policy, config.episode)
 
 
 async def contract_episode(
@@ -50,7 +50,7 @@ async def contract_episode(
 ) -> Trajectory:
     """Today's path: ``run_episode`` with the registered ``tool_loop`` agent."""
     session = InlineSession(env_cls, spec.task, {})
-    return await run_episode(spec, env_cls, session, policy, config.agents)
+    return await run_episode(spec, env_cls, session, policy, config.episode)
 
 
 async def one_round(

@@ -2,9 +2,9 @@
 
 Two busy-loop processes keep both cores busy the whole time. The run collects booking
 episodes (a stateful environment on 2 Serve replicas) and weather episodes (inline) with the
-scripted policy, and while it runs this script SIGKILLs, by PID and in this order: an agent
-actor, an environment replica, an agent, the engine actor (the driver then stops with its
-one-line message), and, in the `--resume` run after that, an agent and the driver itself.
+scripted policy, and while it runs this script SIGKILLs, by PID and in this order: a worker
+actor, an environment replica, a worker, the engine actor (the driver then stops with its
+one-line message), and, in the `--resume` run after that, a worker and the driver itself.
 A last `--resume` finishes. The output folder is then read back and checked: every
 `(task_id, sample_index)` exactly once, and no row with status `error`.
 
@@ -60,7 +60,7 @@ def write_inputs(folder: Path, episodes: int) -> tuple[Path, Path]:
                 "namespace": "chaos",
                 "concurrency": 64,
                 "policy": {"kind": "scripted", "scripted": {"latency_s": 0.2}},
-                "agents": {"num_agents": 2},
+                "workers": {"num_workers": 2},
                 "environments": {"booking": {"hosting": "serve", "replicas": 2}},
                 "output": {"rows_per_part": 50, "flush_interval_s": 1.0},
             }
@@ -119,7 +119,7 @@ def rows_written(out: Path) -> int:
 def run_collect(
     tasks: Path, config: Path, out: Path, resume: bool, kills: list[tuple[int, str]]
 ) -> dict[str, Any]:
-    """One `collect`; ``kills`` are (rows written, what) pairs: agent, replica, engine, driver."""
+    """One `collect`; ``kills`` are (rows written, what) pairs: worker, replica, engine, driver."""
     command = [RAYROLLOUT, "collect", str(tasks), "--config", str(config), "--out", str(out)]
     if resume:
         command.append("--resume")
@@ -130,7 +130,7 @@ def run_collect(
     done: list[dict[str, Any]] = []
     seen: dict[int, str] = {}
     markers = {
-        "agent": "ray::AgentActor",
+        "worker": "ray::WorkerActor",
         "replica": "EnvironmentServer",
         "engine": "ray::EngineActor",
     }
@@ -217,13 +217,13 @@ def main() -> None:
                     out,
                     False,
                     [
-                        (n // 10, "agent"),
+                        (n // 10, "worker"),
                         (n // 5, "replica"),
-                        (3 * n // 10, "agent"),
+                        (3 * n // 10, "worker"),
                         (2 * n // 5, "engine"),
                     ],
                 ),
-                run_collect(tasks, config, out, True, [(n // 10, "agent"), (n // 5, "driver")]),
+                run_collect(tasks, config, out, True, [(n // 10, "worker"), (n // 5, "driver")]),
                 run_collect(tasks, config, out, True, []),
             ]
         finally:

@@ -170,7 +170,7 @@ def tree_cpu_seconds(root: int) -> float:
 
 
 _ROLES = (  # (substring of the command line, role), first match wins
-    ("ray::AgentActor", "agents"),
+    ("ray::WorkerActor", "workers"),
     ("ray::EngineActor", "engine"),
     ("EnvironmentServer", "environment replicas"),
     ("common.py stub", "policy stub"),
@@ -181,7 +181,7 @@ _ROLES = (  # (substring of the command line, role), first match wins
 
 def cpu_by_role(roots: list[int]) -> dict[str, float]:
     """CPU seconds used so far by every live process under ``roots``, summed per role
-    (agents, engine, environment replicas, the stub, the driver, Ray's own daemons)."""
+    (workers, engine, environment replicas, the stub, the driver, Ray's own daemons)."""
     totals: dict[str, float] = {}
     for pid, seconds in _processes_under(roots).items():
         try:
@@ -289,7 +289,7 @@ def engine_config(base_url: str, out: str, **overrides: Any) -> dict[str, Any]:
             "max_retries": 0,
             "timeout_s": 120,
         },
-        "agents": {"num_agents": 2},
+        "workers": {"num_workers": 2},
         "concurrency": 256,
         "output": {"dir": out, "rows_per_part": 5000},
         "ray": {"num_cpus": 4},

@@ -7,13 +7,13 @@ get_weather -> chat -> verify):
     ``RolloutEngine.collect`` (what ``rayrollout collect`` runs) with the ``program``
     agent, 64 subprocesses at a time. Reports rows lost and duplicated (expected 0), rows
     ok, wall time, the most programs running at once, the peak RSS summed over every
-    process of the run (Ray, Serve, agents, programs; shared pages counted in each, read
+    process of the run (Ray, Serve, workers, programs; shared pages counted in each, read
     from /proc each second) and CPU ms per episode with the programs' own CPU included
     (reaped children's time, /proc ``cutime``).
 (b) the gateway path against the direct path, same engine, same tasks: an in-process agent
     (``SdkAgent``, no subprocess) calling the model through the gateway with the OpenAI SDK
     and the tools through its tools route, against the built-in ``tool_loop``; episodes/s
-    and CPU ms per episode (every process of the run, and the agent actors alone).
+    and CPU ms per episode (every process of the run, and the worker actors alone).
 
     python benchmarks/gateway.py            # (a) 500 programs, (b) 2 x 500 (4-8 min on 2 cores)
     python benchmarks/gateway.py --smoke    # tiny sizes; CI checks it still works
@@ -122,7 +122,7 @@ def _under(root: int, processes: dict[int, tuple[int, list[str]]]) -> list[int]:
 
 def tree_cpu_with_children(root: int) -> float:
     """CPU seconds of ``root`` and its live descendants, with their reaped children's (the
-    programs, each reaped by its agent actor) included."""
+    programs, each reaped by its worker actor) included."""
     processes = _processes()
     total = 0
     for pid in _under(root, processes):
@@ -184,7 +184,7 @@ def config(out: str, concurrency: int) -> dict[str, Any]:
             "program": {"args": {"command": [sys.executable, SCRIPT], "timeout_s": 600}},
             "sdk": {"path": "gateway:SdkAgent"},
         },
-        "agents": {"num_agents": 2},
+        "workers": {"num_workers": 2},
         "concurrency": concurrency,
         "output": {"dir": out, "rows_per_part": 5000},
         "ray": {"serve_port": free_port()},
@@ -241,11 +241,11 @@ def timed(engine: Any, agent: str, n: int, prefix: str) -> dict[str, Any]:
     if ok < n:
         raise RuntimeError(f"{agent}: only {ok} of {n} episodes ok: {result.summary['total']}")
     total = sum(after.values()) - sum(before.values())
-    agents = after.get("agents", 0.0) - before.get("agents", 0.0)
+    workers = after.get("workers", 0.0) - before.get("workers", 0.0)
     return {
         "episodes_per_s": round(n / wall, 1),
         "cpu_ms_per_episode": round(1000 * total / n, 2),
-        "agent_cpu_ms_per_episode": round(1000 * agents / n, 2),
+        "worker_cpu_ms_per_episode": round(1000 * workers / n, 2),
     }
 
 
@@ -259,7 +259,7 @@ def main() -> None:
     if args.smoke:
         args.programs, args.concurrency, args.in_process = 8, 8, 16
     keep_stdout_for_json()
-    # The agent actors import SdkAgent as gateway:SdkAgent: workers inherit this path.
+    # The worker actors import SdkAgent as gateway:SdkAgent: they inherit this path.
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (HERE, ROOT, os.environ.get("PYTHONPATH")) if p
     )

@@ -1,4 +1,4 @@
-"""Memory: RSS of the driver, the engine and the agents while 100k trajectories are written.
+"""Memory: RSS of the driver, the engine and the workers while 100k trajectories are written.
 
 Rows stream to Parquet parts and the engine keeps only counters and a bounded sample, so RSS
 should stay flat however many episodes run. Sampled every second from /proc; reported per
@@ -35,7 +35,7 @@ def actor_pids(namespace: str) -> dict[str, int]:
     import ray
 
     pids = {}
-    for name in ("engine", "agent:0", "agent:1"):
+    for name in ("engine", "worker:0", "worker:1"):
         actor = ray.get_actor(name, namespace=namespace)
         pids[name] = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
     return pids

@@ -6,7 +6,7 @@ each hosting mode, and both sides are measured in one file so the ratios come fr
 Both play the same NeMo Gym rows (``responses_create_params`` with the prompt and the
 ``get_weather`` tool) as single-tool weather episodes against the same zero-latency
 OpenAI-protocol stub (its own process): chat -> get_weather -> chat -> verify. The bare loop
-is one process with no Ray, no validation and no output; the engine runs its agents,
+is one process with no Ray, no validation and no output; the engine runs its workers,
 environments and writer (Parquet).
 
 The bare loop makes exactly the engine's calls, request by request, because a floor that
@@ -18,7 +18,7 @@ arguments as JSON, ``/verify`` with the row and the whole Responses-API ``respon
 ``/close_session`` with the 0.7.0 body (each encoded by orjson), each episode on its own
 ``ClientSession`` and cookie jar over one shared connector, as ``RemoteSession`` does.
 
-Hosting modes: ``inline`` (the environment in the agents), ``serve`` (Serve replicas, called
+Hosting modes: ``inline`` (the environment in the workers), ``serve`` (Serve replicas, called
 by deployment handles), ``serve-stateful`` (per-episode state, ``stateful_weather.py``: a
 session per episode pinned to one replica) and ``url`` (a NeMo Gym resources server by URL,
 ``nemo_gym_server.py``, a plain aiohttp process). Every Serve or inline mode is compared with
@@ -31,7 +31,7 @@ Two ratios per mode, engine episodes/s over the bare loop's:
   times: the 10th to the 90th percentile of finishes, 0.8 N episodes over the time between
   them, so start-up, ramp-up and the tail are out of both.
 * ``whole``: N episodes over the whole command: for the engine from ``RolloutEngine(config)``
-  to the end of its ``with`` block (agents started, Serve app deployed where the mode needs
+  to the end of its ``with`` block (workers started, Serve app deployed where the mode needs
   one, every episode collected and written, shut down; the local Ray is already up, as an
   attached cluster would be); for the bare loop from starting its process to its exit.
 
@@ -46,7 +46,7 @@ rest, session set-up and close included), set beside the bare loop's own per-cal
     python benchmarks/overhead.py --smoke         # seconds; CI checks it still works
 
 Where the gap comes from is in the CPU figures: ``client_cpu_ms_per_episode`` is the bare
-loop's own process, ``engine_side_cpu_ms_per_episode`` every process of the engine's (agents,
+loop's own process, ``engine_side_cpu_ms_per_episode`` every process of the engine's (workers,
 engine actor, driver, Ray's daemons; servers left out), and ``cpu_ratio`` the second over the
 first. With a policy that costs nothing, two cores run out before either side's concurrency
 does, so ``ratio_steady`` is close to the bare loop's CPU share of the engine's.
@@ -337,8 +337,8 @@ async def bare_loop(
             finished.append(time.time())
             return reward
 
-    # Two pools, as in an agent: the policy's (PolicyHttp) and the environments' (one
-    # NemoGymConnections per agent, its sessions made per episode).
+    # Two pools, as in a worker: the policy's (PolicyHttp) and the environments' (one
+    # NemoGymConnections per worker, its sessions made per episode).
     pool = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
     policy = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=1000, limit_per_host=0),
@@ -396,7 +396,7 @@ def run_engine(
     episodes: int,
     concurrency: int,
     hosting: str,
-    num_agents: int,
+    num_workers: int,
     env_url: str | None = None,
 ) -> dict[str, Any]:
     """One engine from construction to shutdown, playing every row once."""
@@ -412,7 +412,7 @@ def run_engine(
         "namespace": f"overhead-{hosting}",
         "policy": {"kind": "openai", "base_url": base_url, "model": "stub", "max_retries": 0},
         "environments": {env_name: settings},
-        "agents": {"num_agents": num_agents},
+        "workers": {"num_workers": num_workers},
         "concurrency": concurrency,
         "output": {"dir": out, "rows_per_part": 5000},
         "ray": {"num_cpus": 4},
@@ -470,7 +470,7 @@ def main() -> None:
     )
     parser.add_argument("--episodes", type=int, default=20000)
     parser.add_argument("--concurrency", type=int, default=256)
-    parser.add_argument("--agents", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2)
     parser.add_argument(
         "--modes",
         default="inline,serve,url",
@@ -517,7 +517,7 @@ def main() -> None:
         "benchmark": "overhead",
         "episodes": args.episodes,
         "concurrency": args.concurrency,
-        "agents": args.agents,
+        "workers": args.workers,
         "policy_latency_s": args.latency,
         "server_cpu_ms_per_request": args.server_cpu_ms,
         "nemo_gym_server": args.nemo_gym_server or "benchmarks/nemo_gym_server.py",
@@ -544,7 +544,7 @@ def main() -> None:
                 if key not in results:
                     results[key] = run_bare(url, pids, n, c, env)
                 bare = results[key]
-                engine = run_engine(url, pids, n, c, mode, args.agents, env_url)
+                engine = run_engine(url, pids, n, c, mode, args.workers, env_url)
                 engine["ratio_steady"] = round(
                     engine["steady_episodes_per_s"] / bare["steady_episodes_per_s"], 3
                 )

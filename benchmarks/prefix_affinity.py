@@ -9,7 +9,7 @@ per router, one app at a time: ``consistent_hash`` (the default: Serve hashes ea
 by queue length, no affinity); ``--routers`` adds ``prefix_aware`` (Ray's
 PrefixCacheAffinityRouter). Every arm plays the same multi-turn episodes with rayrollout's own
 ``PolicyClient`` in token-ids mode, which sends ``x-session-id`` on every call like the
-engine's agents do: a per-episode document of ``--doc-tokens`` tokens in the system prompt
+engine's workers do: a per-episode document of ``--doc-tokens`` tokens in the system prompt
 (no two episodes share it, so only the episode's own earlier turns can be cached), then
 ``--turns`` model calls, each followed by a short user message. Sampling is greedy, so
 every arm generates the same tokens and sends the same prompts (up to CPU batch numerics).

@@ -1,6 +1,7 @@
 """The reference for ``agent_contract.py``: the episode loop as it was hard-wired in
 ``rayrollout/engine/episode.py`` before agents were pluggable (commit 9346214), unchanged but
-for this docstring, so the benchmark compares today's ``tool_loop`` agent with it in one run.
+for this docstring and the names of its limits (``EpisodeConfig``) and of the row's worker
+column, so the benchmark compares today's ``tool_loop`` agent with it in one run.
 
 The episode loop: model -> tool calls -> model -> ... -> verifier, as one coroutine.
 
@@ -17,7 +18,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Literal
 
-from rayrollout.data.config import AgentConfig
+from rayrollout.data.config import EpisodeConfig
 from rayrollout.data.schema import (
     EpisodeMetrics,
     Message,
@@ -64,8 +65,8 @@ async def run_episode(
     env_cls: type[Environment],
     session: EnvSession,
     policy: Policy,
-    config: AgentConfig,
-    agent_name: str = "",
+    config: EpisodeConfig,
+    worker_name: str = "",
     episode_id: str | None = None,
 ) -> Trajectory:
     """Play one episode to the end and return its trajectory, whatever happens."""
@@ -78,7 +79,7 @@ async def run_episode(
         sample_index=spec.sample_index,
         group_id=task.task_id,
         environment=task.environment,
-        agent=agent_name,
+        worker=worker_name,
         model=policy.config.model,
         tools=tools,
         task_fields=task.fields,
@@ -126,7 +127,7 @@ async def _play(
     trajectory: Trajectory,
     session: EnvSession,
     policy: Policy,
-    config: AgentConfig,
+    config: EpisodeConfig,
     episode_id: str,
 ) -> bool:
     """Alternate model calls and tool calls; returns whether the model gave a final answer."""
@@ -233,7 +234,7 @@ async def _verify(
     messages: list[Message],
     trajectory: Trajectory,
     session: EnvSession,
-    config: AgentConfig,
+    config: EpisodeConfig,
 ) -> None:
     verify_started = time.perf_counter()
     verify_started_at = time.time()
@@ -256,7 +257,7 @@ async def _verify(
     trajectory.verification = verification.details
 
 
-def failed_trajectory(spec: EpisodeSpec, agent_name: str, error: str) -> Trajectory:
+def failed_trajectory(spec: EpisodeSpec, worker_name: str, error: str) -> Trajectory:
     """The row of an episode that could not even start."""
     task = spec.task
     return Trajectory(
@@ -264,7 +265,7 @@ def failed_trajectory(spec: EpisodeSpec, agent_name: str, error: str) -> Traject
         sample_index=spec.sample_index,
         group_id=task.task_id,
         environment=task.environment,
-        agent=agent_name,
+        worker=worker_name,
         messages=list(task.prompt),
         status="error",
         error=error,

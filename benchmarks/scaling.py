@@ -1,6 +1,6 @@
-"""Scaling: episodes/s with 1, 2 and 4 agent actors against the zero-latency stub.
+"""Scaling: episodes/s with 1, 2 and 4 worker actors against the zero-latency stub.
 
-Shows where the engine's ceiling is on this machine (2 cores: more agents than cores only
+Shows where the engine's ceiling is on this machine (2 cores: more workers than cores only
 adds contention).
 
     python benchmarks/scaling.py
@@ -21,12 +21,12 @@ from common import emit, stub_run, timed_collect, warm_engine, weather_tasks  # 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--agents", default="1,2,4")
+    parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--episodes", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
-    counts = [int(a) for a in args.agents.split(",")]
+    counts = [int(a) for a in args.workers.split(",")]
     if args.smoke:
         counts, args.episodes, args.concurrency = [1, 2], 100, 32
     results: dict[str, Any] = {
@@ -37,16 +37,16 @@ def main() -> None:
         "runs": [],
     }
     with stub_run() as (url, stub_pid):
-        for agents in counts:
+        for workers in counts:
             with warm_engine(
                 url,
                 200,
                 concurrency=args.concurrency,
-                namespace=f"scaling-{agents}",
-                agents={"num_agents": agents},
+                namespace=f"scaling-{workers}",
+                workers={"num_workers": workers},
             ) as engine:
                 measured = timed_collect(engine, weather_tasks(args.episodes), stub_pid)
-            results["runs"].append({"agents": agents, **measured})
+            results["runs"].append({"workers": workers, **measured})
     emit(results)
 
 

@@ -9,7 +9,7 @@ alternating rounds, so the ratio compares like with like. Printed as JSON:
 - ``handle`` (``engine.generate``: GRPO groups, answered whole), ``handle_stream`` (the
   engine's ``stream`` through the handle: the rows the service relays, without HTTP) and
   ``http``: episodes/s and CPU milliseconds per episode of every process (the driver with
-  its client, Ray's workers, the engine, the agents, the service, the stub), per round and
+  its client, Ray's workers, the engine, the workers, the service, the stub), per round and
   their mean; ``ratio`` and ``ratio_to_handle_stream``: HTTP over each, episodes/s (higher
   is better) and CPU per episode (lower is better);
 - ``first_row_s``: on the warm service, seconds from a new batch's submit to its first

@@ -4,7 +4,7 @@ Each case runs the real ``rayrollout`` command in a fresh process (a local Ray o
 on a laptop) and times, from the moment the process is started:
 
 - ``ready_s``: the line ``policy: ...`` on the console, printed once Ray, the policy and the
-  engine with its agents are up and the run is planned (``rayrollout.cli.collect``);
+  engine with its workers are up and the run is planned (``rayrollout.cli.collect``);
 - ``first_episode_s``: the first part file in the output folder. The run's config writes a
   part per row (``output.rows_per_part: 1``) so the first finished episode is a file as soon
   as it reaches the writer. A file, not a progress line: the bar is not drawn when stderr is

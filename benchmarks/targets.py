@@ -77,9 +77,9 @@ TARGETS: tuple[Target, ...] = (
         "runs[concurrency=8192].efficiency",
         ">= 0.8",
     ),
-    Target("scaling", "episodes/s with 1 actor playing episodes", "runs[agents=1].episodes_per_s"),
-    Target("scaling", "episodes/s with 2 actors", "runs[agents=2].episodes_per_s"),
-    Target("scaling", "episodes/s with 4 actors", "runs[agents=4].episodes_per_s"),
+    Target("scaling", "episodes/s with 1 actor playing episodes", "runs[workers=1].episodes_per_s"),
+    Target("scaling", "episodes/s with 2 actors", "runs[workers=2].episodes_per_s"),
+    Target("scaling", "episodes/s with 4 actors", "runs[workers=4].episodes_per_s"),
     Target("memory", "RSS growth of any process, MB", "rss_mb.*.growth", "<= 100"),
     Target(
         "startup",

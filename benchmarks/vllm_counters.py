@@ -166,7 +166,7 @@ def cpu_by_part(root: int) -> dict[str, float]:
     (the OpenAI ingress replica), ``server`` (the LLMServer replicas: vLLM's front end,
     which takes requests, detokenizes and answers), ``engine_core`` (vLLM's scheduler),
     ``worker`` (its model runner). The client: ``driver`` (this process, where the bare
-    client runs), ``agents``, ``engine`` (the engine actor) and ``other_actors`` (any other
+    client runs), ``workers``, ``engine`` (the engine actor) and ``other_actors`` (any other
     actor: environment replicas, for one). ``ray``: Ray's and Serve's own processes (GCS,
     raylet, Serve's controller, the dashboard agent that exports metrics, idle workers). A
     process takes the part of its nearest ancestor (itself included) whose command line
@@ -208,7 +208,7 @@ _RAY_DAEMONS = (
     "ray::TelemetryAgent",
     "ray::IDLE",
 )
-CLIENT_PARTS = ("driver", "agents", "engine", "other_actors")
+CLIENT_PARTS = ("driver", "workers", "engine", "other_actors")
 
 
 def _part_of(command: str) -> str | None:
@@ -218,8 +218,8 @@ def _part_of(command: str) -> str | None:
             return part
     if command.startswith(_RAY_DAEMONS):
         return "ray"
-    if command.startswith("ray::AgentActor"):
-        return "agents"
+    if command.startswith("ray::WorkerActor"):
+        return "workers"
     if command.startswith("ray::EngineActor"):
         return "engine"
     if command.startswith("ray::"):

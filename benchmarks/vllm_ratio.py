@@ -7,7 +7,7 @@ the same prompts, sampling and concurrency:
 - **vllm**: a bare asyncio + aiohttp client posting ``/v1/completions`` with the prompt ids
   (the server's throughput with no engine in the way);
 - **rayrollout**: ``RolloutEngine.collect`` on single-turn math episodes (token-ids mode,
-  ``tool_choice: none``), agents, environment, verifier and Parquet writer included.
+  ``tool_choice: none``), workers, environment, verifier and Parquet writer included.
 
 Both send the same prompt ids (checked: the engine's first-turn ids must equal the bare
 client's), the same sampling (``temperature`` 1.0, ``logprobs`` 0, ``return_token_ids``,
@@ -22,7 +22,7 @@ accounting (``vllm_counters.py``; the deployment exports vLLM's metrics for it):
 prompt tokens (computed and cached) per generated token, prefix-cache hit rate, scheduler
 steps and tokens per step (the batch), time in vLLM's queue, requests per replica; CPU
 seconds by part (Serve's proxy, vLLM's ingress, server, engine core and workers; the
-client's driver, agents and engine actor; Ray's daemons) and per generated token; and
+client's driver, workers and engine actor; Ray's daemons) and per generated token; and
 ``ramp_s``, how long the side took to have every slot's first request sent.
 ``work_per_token`` sums each side over the rounds: vLLM's CPU milliseconds per generated
 token through the engine over the bare client's is ``vllm_cpu_per_token_ratio``.
@@ -166,7 +166,7 @@ def run_rounds(
         return wait_for_counters(metrics_port, before, requests, requests * max_tokens)
 
     measured_rounds: list[dict[str, Any]] = []
-    os.environ[_KEY_ENV] = token  # the engine's agents send it as the policy key
+    os.environ[_KEY_ENV] = token  # the engine's workers send it as the policy key
     with tempfile.TemporaryDirectory() as out:
         run_config = RunConfig.model_validate(
             {
@@ -186,7 +186,8 @@ def run_rounds(
                     "timeout_s": 600,
                     "extra_body": {"ignore_eos": True, "min_tokens": max_tokens},
                 },
-                "agents": {"num_agents": 2, "max_turns": 1},
+                "workers": {"num_workers": 2},
+                "episode": {"max_turns": 1},
                 "output": {"dir": out},
                 "ray": {"serve_port": serve_port},
             }

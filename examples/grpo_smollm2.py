@@ -482,7 +482,7 @@ def main() -> None:
         print(args.png)
         return
 
-    # Agents import ConciseAnswerEnv as examples.grpo_smollm2: the repo root goes on their path.
+    # Workers import ConciseAnswerEnv as examples.grpo_smollm2: the repo root goes on their path.
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
     )

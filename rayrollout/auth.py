@@ -5,7 +5,7 @@ Every HTTP surface rayrollout opens runs somebody's code on request: an environm
 ``/collective_rpc``. So each answers only requests carrying ``Authorization: Bearer
 <token>``. A run makes its own token (``new_token``); the replicas get only its SHA-256
 digest (``RouteAuth``), so the token is in no deployment config, log or Ray state, and the
-run's own processes present it (the agents as their policy key, the engine for weight
+run's own processes present it (the workers as their policy key, the engine for weight
 updates). A route without a token is an explicit choice (``RouteAuth.open()``), made by
 the caller, never a default: NeMo Gym's agents send no credentials, so ``rayrollout env
 serve --no-auth`` exists for them, and says so loudly.

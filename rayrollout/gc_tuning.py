@@ -1,12 +1,12 @@
 """Python's cycle collector, set for processes that play episodes all day.
 
-An agent actor allocates a few hundred container objects per episode (messages, pydantic
+A worker actor allocates a few hundred container objects per episode (messages, pydantic
 models, request state, row dicts) and frees nearly all of them by reference counting. With
 CPython's default thresholds (700, 10, 10) that churn still starts a young collection every
 few episodes, and every tenth of those a middle one; a full one walks the whole heap,
 including the hundreds of thousands of objects Ray, pyarrow, pydantic and aiohttp leave at
 import. Measured with ``benchmarks/overhead.py`` (URL mode, free servers, 10,000 episodes,
-2 cores): the two agent actors spent 1.5-1.9 s of their 7.5-8.3 s of CPU collecting, about
+2 cores): the two worker actors spent 1.5-1.9 s of their 7.5-8.3 s of CPU collecting, about
 0.34 ms an episode, where the bare loop spends 0.03.
 
 ``tune_gc`` does what long-running Python servers do about it:
@@ -19,7 +19,7 @@ import. Measured with ``benchmarks/overhead.py`` (URL mode, free servers, 10,000
   far fewer short-lived episode objects into the older generations.
 
 Cyclic garbage still gets collected, a few hundred episodes later than before: at most
-``YOUNG_THRESHOLD`` objects' worth. Only processes rayrollout owns call this (agent actors,
+``YOUNG_THRESHOLD`` objects' worth. Only processes rayrollout owns call this (worker actors,
 the engine actor, environment replicas); the driver is the user's process and is left as
 it is.
 """

@@ -1,5 +1,5 @@
 """A tiny reset/step environment for the reset_step agent's tests (imported by module path
-in agent actors, like ``fixture_envs``): no library needed, every ending reachable."""
+in worker actors, like ``fixture_envs``): no library needed, every ending reachable."""
 
 from __future__ import annotations
 

@@ -139,7 +139,7 @@ def test_config_args_reach_the_agent(policy, tmp_path):
 
 def test_a_program_agent_plays_through_the_recording_gateway(policy, tmp_path):
     # examples/openai_agent.py, an OpenAI SDK script, run per episode by the program agent:
-    # `agent test` hands agents the recording gateway as an agent actor does.
+    # `agent test` hands agents the recording gateway as a worker actor does.
     command = [sys.executable, str(ROOT / "examples/openai_agent.py")]
     config = tmp_path / "run.yaml"
     config.write_text(

@@ -18,7 +18,8 @@ def test_faulty_agents_end_their_episodes_and_spare_the_rest(tmp_path, serve_ses
             "output": {"dir": str(tmp_path / "out")},
             "ray": {"serve_port": serve_session},
             "concurrency": 16,
-            "agents": {"num_agents": 1, "episode_timeout_s": 3.0},
+            "workers": {"num_workers": 1},
+            "episode": {"timeout_s": 3.0},
             "agent_settings": {
                 "once": {"path": "fixture_agents:answer_once", "args": {"suffix": " (once)"}}
             },

@@ -1,4 +1,4 @@
-"""An agent hands finished episodes back while the rest of their chunk still runs."""
+"""A worker hands finished episodes back while the rest of their chunk still runs."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from rayrollout import RunConfig
 from rayrollout.data.schema import Trajectory
 from rayrollout.data.tasks import parse_task_row
 from rayrollout.engine.actor import reserve
-from rayrollout.engine.agent import AgentRunner
 from rayrollout.engine.chunks import ChunkRows
 from rayrollout.engine.episode import EpisodeSpec
+from rayrollout.engine.worker import WorkerRunner
 
 
 async def test_a_slow_episode_does_not_hold_back_the_rest_of_its_chunk(tmp_path):
@@ -33,7 +33,7 @@ async def test_a_slow_episode_does_not_hold_back_the_rest_of_its_chunk(tmp_path)
                 "output": {"dir": str(tmp_path)},
             }
         )
-        runner = AgentRunner("agent:test", config, flaky.base_url)
+        runner = WorkerRunner("worker:test", config, flaky.base_url)
         started = time.monotonic()
         batches = []
         try:
@@ -52,9 +52,9 @@ async def test_a_slow_episode_does_not_hold_back_the_rest_of_its_chunk(tmp_path)
     assert chunk.summaries[0]["status"] == "ok" and chunk.indices == [1]
 
 
-def test_agents_run_at_most_concurrency_episodes_though_more_wait_in_them(tmp_path, serve_session):
-    """The engine sends a chunk per agent beyond ``concurrency`` (so no slot idles while rows
-    make their round trip), but the agents' shares add up to ``concurrency``: a policy that
+def test_workers_run_at_most_concurrency_episodes_though_more_wait_in_them(tmp_path, serve_session):
+    """The engine sends a chunk per worker beyond ``concurrency`` (so no slot idles while rows
+    make their round trip), but the workers' shares add up to ``concurrency``: a policy that
     thinks 0.2 s per call sees exactly that many calls at once, never more."""
     from rayrollout import RolloutEngine
 
@@ -64,7 +64,7 @@ def test_agents_run_at_most_concurrency_episodes_though_more_wait_in_them(tmp_pa
                 "namespace": "admission-test",
                 "environments": {"echo": {"path": "fixture_envs:EchoEnv", "hosting": "inline"}},
                 "policy": {"kind": "openai", "base_url": flaky.base_url},
-                "agents": {"num_agents": 2, "num_cpus": 0.1},
+                "workers": {"num_workers": 2, "num_cpus": 0.1},
                 "concurrency": 7,
                 "output": {"dir": str(tmp_path / "out")},
                 "ray": {"serve_port": serve_session},
@@ -80,8 +80,8 @@ def test_agents_run_at_most_concurrency_episodes_though_more_wait_in_them(tmp_pa
 
 
 def test_the_reserve_shrinks_as_episodes_get_longer():
-    """A chunk per agent before the first rows and for short episodes; for minute-long ones
-    about one episode, so a round's tail does not wait behind a busy agent's reserve."""
+    """A chunk per worker before the first rows and for short episodes; for minute-long ones
+    about one episode, so a round's tail does not wait behind a busy worker's reserve."""
     assert reserve(256, 2, None) == 128 == reserve(256, 2, 0.07)  # 2 chunks of 64
     assert reserve(256, 2, 0.28) == 92  # 256 x 0.1 s / 0.28 s, rounded up
     assert reserve(256, 2, 60.0) == 1

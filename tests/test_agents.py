@@ -1,6 +1,6 @@
 """The shipped agents (agents/): what each sends the model, and what the episode records.
 
-Unit tests play episodes with ``run_episode`` (what an agent actor runs) on an inline
+Unit tests play episodes with ``run_episode`` (what a worker actor runs) on an inline
 weather environment and ``FakePolicy``, a double for the model's judgement that answers
 through the ``Policy`` protocol, token ids included, and remembers every call it got. The
 last tests run the agents on Ray with the scripted policy: ``collect`` on a tasks file whose
@@ -20,7 +20,7 @@ from rayrollout.agents.tool_loop import ToolLoop
 from rayrollout.environments.weather.env import WeatherEnv
 
 from rayrollout.agent.registry import agent_spec
-from rayrollout.data.config import AgentConfig, AgentSettings, PolicyConfig
+from rayrollout.data.config import AgentSettings, EpisodeConfig, PolicyConfig
 from rayrollout.data.schema import (
     FunctionCall,
     Message,
@@ -116,7 +116,7 @@ def ids(messages: list[Message]) -> list[int]:
 
 
 async def play(agent: Any, policy: FakePolicy, max_turns: int = 8, **row: Any) -> Trajectory:
-    """One weather episode of ``agent`` (``row``: the task's fields), as an agent actor
+    """One weather episode of ``agent`` (``row``: the task's fields), as a worker actor
     plays it; returns the trajectory."""
     task = Task(
         task_id="t",
@@ -129,7 +129,7 @@ async def play(agent: Any, policy: FakePolicy, max_turns: int = 8, **row: Any) -
         WeatherEnv,
         InlineSession(WeatherEnv, task),
         policy,
-        AgentConfig(max_turns=max_turns),
+        EpisodeConfig(max_turns=max_turns),
         agent=agent,
         played_by=type(agent).__name__,
     )
@@ -382,13 +382,13 @@ PLAYED_BY = {
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory, serve_session):
-    """One engine (scripted policy, one agent actor) for the collect and generate tests."""
+    """One engine (scripted policy, one worker) for the collect and generate tests."""
     from rayrollout import RolloutEngine
 
     out = tmp_path_factory.mktemp("agents") / "out"
     config = {
         "namespace": "agents-e2e",
-        "agents": {"num_agents": 1},
+        "workers": {"num_workers": 1},
         "agent_settings": {"context_budget": {"args": BUDGET_SETTINGS}},
         "output": {"dir": str(out), "flush_interval_s": 1.0},
         "ray": {"serve_port": serve_session},

@@ -227,7 +227,7 @@ def test_external_endpoint_with_jsonl_output_never_records_the_key(
     from rayrollout import Trajectory
     from rayrollout.auth import RouteAuth
 
-    # The "external" server takes only its key, as a real one would: the agents must send it.
+    # The "external" server takes only its key, as a real one would: the workers must send it.
     serve.run(
         scripted_policy_app(model="ext-model", auth=RouteAuth.bearer("sk-do-not-leak-42")),
         name="external-policy",
@@ -268,6 +268,8 @@ def test_show_prints_one_episode_as_a_conversation(tmp_path):
         sample_index=1,
         reward=1.0,
         verification={"gold": "42", "predicted": "42"},
+        worker="worker:0",
+        played_by="tool_loop",
     )
     sink = make_sink(tmp_path, "parquet", "r")
     sink.start()
@@ -285,6 +287,7 @@ def test_show_prints_one_episode_as_a_conversation(tmp_path):
         "reward",
         "1.000",
         "predicted",
+        "tool_loop  (on worker:0)",  # the agent (episode loop), on the worker actor
     ):
         assert text in output
     code, output = invoke("show", tmp_path, "--task-id", "nope")
@@ -338,6 +341,39 @@ def test_an_output_folder_that_cannot_be_made_is_one_error_line_and_exit_2(tmp_p
     assert f"cannot create output folder {blocker / 'out'}: {blocker} is a file" in one_error_line(
         output
     )
+
+
+@pytest.mark.parametrize(
+    ("old", "named"),
+    [
+        (
+            {"agents": {"num_agents": 3, "episode_timeout_s": 9}},
+            "config key 'agents' was renamed: agents.num_agents -> workers.num_workers, "
+            "agents.episode_timeout_s -> episode.timeout_s",
+        ),
+        (
+            {"agents": {"max_turns": 2}, "placement": {"spread_agents": False}},
+            "config keys 'agents', 'placement.spread_agents' were renamed: agents.max_turns -> "
+            "episode.max_turns, placement.spread_agents -> placement.spread_workers",
+        ),
+    ],
+    ids=["agents", "agents-and-placement"],
+)
+def test_an_old_config_key_is_one_error_line_naming_its_new_key(tmp_path, old, named):
+    """Refused by the config model itself, so YAML, flags and Python all get the same line;
+    nothing starts (no Ray: the port is never used)."""
+    tasks, config = echo_tasks_file(tmp_path), write_config(tmp_path, 1, **old)
+    code, output = invoke("collect", tasks, "--out", tmp_path / "out", "--config", config)
+    assert code == 2
+    assert one_error_line(output) == f"error: invalid config {config}: {named}"
+    assert not (tmp_path / "out").exists()
+
+    from pydantic import ValidationError
+
+    from rayrollout import RolloutEngine
+
+    with pytest.raises(ValidationError, match=named.split(":")[0]):
+        RolloutEngine(old)  # a Python caller's dict, validated once the same way
 
 
 def test_python_collect_checks_every_row_of_a_file_before_starting_anything(tmp_path):

@@ -124,23 +124,23 @@ def test_routed_logs_keep_the_console_and_send_the_rest_to_the_file(tmp_path, ca
 def test_routed_logs_release_the_lines_ray_holds_back_as_repeats_into_the_file(tmp_path, capsys):
     """Ray's driver holds a line that a second worker repeats, to count it, and prints what
     it holds at ``ray.shutdown``: for the CLI, the process's exit, on the console after the
-    summary (the demo's two agents both logged Serve's router start-up). Fed through Ray's
+    summary (the demo's two workers both logged Serve's router start-up). Fed through Ray's
     own printing path, as its log thread feeds it, the held copy must reach the file."""
     from ray._private.worker import print_to_stdstream
 
     line = "serve -- ConsistentHashRouter initialized for Deployment(held-back-test)"
     console = Console(stderr=True, width=80)
     with routed_logs(console, tmp_path / "out"):
-        for pid in ("4786", "4787"):  # the same line from two workers, as the agents did
+        for pid in ("4786", "4787"):  # the same line from two workers, as the demo's did
             batch = {"ip": "127.0.0.1", "localhost": "127.0.0.1", "pid": pid}
             print_to_stdstream(
-                {**batch, "is_err": True, "actor_name": "AgentActor", "lines": [line]},
+                {**batch, "is_err": True, "actor_name": "WorkerActor", "lines": [line]},
                 ignore_prefix=False,
             )
     err = capsys.readouterr().err
     assert "ConsistentHashRouter" not in err
     log = (tmp_path / "out" / LOG_FILE).read_text()
-    assert "AgentActor pid=4786" in log and "AgentActor pid=4787" in log
+    assert "WorkerActor pid=4786" in log and "WorkerActor pid=4787" in log
 
 
 def test_routed_logs_make_no_file_for_a_silent_run_and_verbose_routes_nothing(tmp_path, capsys):

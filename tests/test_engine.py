@@ -115,7 +115,7 @@ def test_samples_group_by_task_and_read_back_as_a_ray_dataset(tmp_path, serve_se
     cfg = config(tmp_path, serve_session, output={"format": fmt})
     with RolloutEngine(cfg) as engine:
         result = engine.collect(echo_tasks(5), num_repeats=3)
-        assert ray.get_actor("agent:0", namespace="engine-tests") is not None
+        assert ray.get_actor("worker:0", namespace="engine-tests") is not None
         assert ray.get_actor("engine", namespace="engine-tests") is not None
     groups = result.groups()
     assert sorted(groups) == [f"say-{i}" for i in range(5)]
@@ -148,7 +148,7 @@ def test_responses_api_gives_the_same_episodes_as_chat(tmp_path, serve_session):
 
 
 def test_episode_without_final_answer_ends_at_max_turns(tmp_path, serve_session):
-    cfg = config(tmp_path, serve_session, agents={"max_turns": 1})
+    cfg = config(tmp_path, serve_session, episode={"max_turns": 1})
     with RolloutEngine(cfg) as engine:
         [trajectory] = engine.collect(echo_tasks(1)).trajectories()
     assert trajectory.status == "max_turns"
@@ -217,13 +217,15 @@ def test_time_before_the_start_and_in_the_writer_is_accounted(tmp_path, serve_se
     assert stats["time_split"]["model"] > 0.5  # the 0.2 s calls dominate an echo episode
 
 
-def test_engine_agents_and_environment_replicas_run_with_a_tuned_collector(tmp_path, serve_session):
+def test_engine_workers_and_environment_replicas_run_with_a_tuned_collector(
+    tmp_path, serve_session
+):
     """Each process that plays episodes froze its start-up heap and raised the young
-    threshold (``gc_tuning``); at CPython's defaults an agent spent a fifth of its CPU in
+    threshold (``gc_tuning``); at CPython's defaults a worker spent a fifth of its CPU in
     the collector. The driver, the user's process, keeps its own settings."""
     import gc
 
-    from rayrollout.engine.agent import agent_name
+    from rayrollout.engine.worker import worker_name
     from rayrollout.gc_tuning import YOUNG_THRESHOLD
 
     def collector(actor):
@@ -235,9 +237,9 @@ def test_engine_agents_and_environment_replicas_run_with_a_tuned_collector(tmp_p
     tasks = [{"task_id": "c0", "prompt": "count 0", "environment": "counter"}]
     with RolloutEngine(cfg) as engine:
         assert engine.collect(tasks).trajectories()[0].status == "ok"
-        agents = [
-            ray.get_actor(agent_name(i), namespace=cfg.namespace)
-            for i in range(cfg.agents.num_agents)
+        workers = [
+            ray.get_actor(worker_name(i), namespace=cfg.namespace)
+            for i in range(cfg.workers.num_workers)
         ]
         replicas = [
             ray.get_actor(actor["name"], namespace=actor["namespace"])
@@ -245,22 +247,22 @@ def test_engine_agents_and_environment_replicas_run_with_a_tuned_collector(tmp_p
             if actor["name"].startswith("SERVE_REPLICA::engine-tests.env.counter#")
         ]
         assert len(replicas) == 2
-        for actor in [engine.engine, *agents, *replicas]:
+        for actor in [engine.engine, *workers, *replicas]:
             threshold, frozen = collector(actor)
             assert threshold == YOUNG_THRESHOLD
             assert frozen > 10_000  # modules, classes, Ray's worker state
     assert gc.get_threshold()[0] != YOUNG_THRESHOLD
 
 
-def test_agents_keep_serves_logger_at_warning_after_their_first_serve_hosted_call(
+def test_workers_keep_serves_logger_at_warning_after_their_first_serve_hosted_call(
     tmp_path, serve_session
 ):
-    """An agent imports Serve at its first Serve-hosted episode, and Serve's first import
+    """A worker imports Serve at its first Serve-hosted episode, and Serve's first import
     sets its logger to INFO; its router's start-up lines then reached the demo's console."""
     import logging
     import sys
 
-    from rayrollout.engine.agent import agent_name
+    from rayrollout.engine.worker import worker_name
 
     def serve_logger(actor):
         return ray.get(
@@ -276,9 +278,9 @@ def test_agents_keep_serves_logger_at_warning_after_their_first_serve_hosted_cal
     with RolloutEngine(cfg) as engine:
         assert {t.status for t in engine.collect(tasks).trajectories()} == {"ok"}
         levels = [
-            serve_logger(ray.get_actor(agent_name(i), namespace=cfg.namespace))
-            for i in range(cfg.agents.num_agents)
+            serve_logger(ray.get_actor(worker_name(i), namespace=cfg.namespace))
+            for i in range(cfg.workers.num_workers)
         ]
     played = [level for imported, level in levels if imported]
-    assert played, levels  # at least one agent called the Serve-hosted environment
+    assert played, levels  # at least one worker called the Serve-hosted environment
     assert played == [logging.WARNING] * len(played), levels

@@ -1,4 +1,4 @@
-"""Fault injection: runs that lose an agent process, an environment replica, or talk to a
+"""Fault injection: runs that lose a worker process, an environment replica, or talk to a
 policy that fails a fifth of its calls still end with exactly one row per
 ``(task_id, sample_index)``, and the statuses say what happened.
 
@@ -27,8 +27,8 @@ from rayrollout.data.config import PolicyConfig
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import Message
 from rayrollout.data.tasks import parse_task_row
-from rayrollout.engine.agent import AgentRunner
 from rayrollout.engine.episode import EpisodeSpec
+from rayrollout.engine.worker import WorkerRunner
 from rayrollout.environment.sessions import EnvironmentLost, InlineSession
 from rayrollout.policy.client import PolicyClient, PolicyError
 
@@ -44,7 +44,7 @@ def fault_config(tmp_path, port, **overrides: Any) -> RunConfig:
         },
         "output": {"dir": str(tmp_path / "out"), "rows_per_part": 16, "flush_interval_s": 0.5},
         "ray": {"serve_port": port},
-        "agents": {"num_agents": 2},
+        "workers": {"num_workers": 2},
         "concurrency": 16,
         **overrides,
     }
@@ -168,7 +168,7 @@ async def test_an_episode_whose_replica_died_is_played_again_then_given_up(
     spec = EpisodeSpec(parse_task_row({"prompt": "say hi", "environment": "echo"}), 0)
     with FlakyPolicy(fault_rate=0.0) as flaky:
         cfg = fault_config(tmp_path, 0, policy={"kind": "openai", "base_url": flaky.base_url})
-        runner = AgentRunner("agent:test", cfg, flaky.base_url)
+        runner = WorkerRunner("worker:test", cfg, flaky.base_url)
         runner._session = lambda env_cls, name, spec, episode_id: LosingSession(  # type: ignore[method-assign]
             env_cls, spec.task
         )
@@ -245,25 +245,25 @@ def machine_loaded() -> Iterator[None]:
             burner.wait()
 
 
-def test_agent_killed_mid_run_under_load_is_replaced_and_its_episodes_run_again(
+def test_worker_killed_mid_run_under_load_is_replaced_and_its_episodes_run_again(
     tmp_path, serve_session
 ):
     n_tasks, repeats = 24, 2  # under load: kept small so the test stays under a minute
     killed: list[int] = []
     with slow_engine(tmp_path, serve_session) as engine, machine_loaded():
-        agent = ray.get_actor("agent:0", namespace=NAMESPACE)
-        pid = actor_pid(agent)
+        worker = ray.get_actor("worker:0", namespace=NAMESPACE)
+        pid = actor_pid(worker)
         result = engine.collect(
             tasks(n_tasks), num_repeats=repeats, on_progress=kill_once_when(8, [pid], killed)
         )
-        restarted_pid = actor_pid(agent)
+        restarted_pid = actor_pid(worker)
     rows = result.trajectories()
-    assert killed == [pid], "the agent was not killed mid-run (the run ended too soon)"
-    assert restarted_pid != pid  # Ray restarted the agent in a new process
+    assert killed == [pid], "the worker was not killed mid-run (the run ended too soon)"
+    assert restarted_pid != pid  # Ray restarted the worker in a new process
     expected = {(f"t{i}", s) for i in range(n_tasks) for s in range(repeats)}
     check_exactly_once(rows, expected, len(killed))
-    # The killed agent's chunks were run again on the restarted agent (resent for as long
-    # as agents.restart_deadline_s allows, not 3 tries), so nothing failed.
+    # The killed worker's chunks were run again on the restarted worker (resent for as long
+    # as workers.restart_deadline_s allows, not 3 tries), so nothing failed.
     assert {t.status for t in rows} == {"ok"}, [t.error for t in rows if t.error][:3]
     assert {t.reward for t in rows} == {1.0}
 

@@ -16,7 +16,7 @@ from rayrollout.environments.weather.env import WeatherEnv
 from rayrollout.agent import AgentEpisode, EpisodeEnd, OutOfTurns
 from rayrollout.agent.gateway import TOOL_ERROR_HEADER, Gateway
 from rayrollout.auth import RouteAuth
-from rayrollout.data.config import AgentConfig, PolicyConfig
+from rayrollout.data.config import EpisodeConfig, PolicyConfig
 from rayrollout.data.convert import chat_tools_to_responses
 from rayrollout.data.schema import Message, Task, Trajectory
 from rayrollout.environment.sessions import InlineSession
@@ -53,7 +53,7 @@ async def weather_episode(policy_url, prompt=PROMPT, max_turns=8, **policy):
         WeatherEnv.tool_schemas(),
         InlineSession(WeatherEnv, task),
         client,
-        AgentConfig(max_turns=max_turns),
+        EpisodeConfig(max_turns=max_turns),
         trajectory,
         "t:0:gateway",
         gateway,

@@ -33,7 +33,7 @@ from rayrollout.agent.gateway_front import (
     GatewayFront,
     is_front,
 )
-from rayrollout.data.config import AgentConfig, PolicyConfig
+from rayrollout.data.config import EpisodeConfig, PolicyConfig
 from rayrollout.data.schema import FunctionCall, Message, Task, ToolCall, Trajectory, Turn
 from rayrollout.policy.client import PolicyReply
 
@@ -224,7 +224,7 @@ class ScriptedReplies:
 
 
 def _episode(
-    gateway: Gateway, fields: dict[str, Any] | None = None, limits: AgentConfig | None = None
+    gateway: Gateway, fields: dict[str, Any] | None = None, limits: EpisodeConfig | None = None
 ) -> AgentEpisode:
     task = Task(
         task_id="t1",
@@ -238,7 +238,7 @@ def _episode(
         [],
         None,  # type: ignore[arg-type]  (the agent uses no environment session)
         ScriptedReplies(),  # type: ignore[arg-type]
-        limits or AgentConfig(),
+        limits or EpisodeConfig(),
         trajectory,
         "t1:0:abc",
         gateway,
@@ -316,7 +316,7 @@ async def test_an_episode_out_of_turns_in_the_agent_server_ends_as_max_turns(fro
     seen: list[dict[str, Any]] = []
     runner, port = await _serve({("POST", "/run"): _fake_agent_server(front.url, seen)})
     gateway = Gateway()
-    episode = _episode(gateway, limits=AgentConfig(max_turns=1))  # the answer is call 2
+    episode = _episode(gateway, limits=EpisodeConfig(max_turns=1))  # the answer is call 2
     agent = NemoGymAgent(url=f"http://127.0.0.1:{port}", gateway_port=front.port)
     try:
         # The gateway answered the second call 410, simple_agent's /run failed with 500:

@@ -65,7 +65,7 @@ def gem_run(tmp_path_factory, serve_session):
             {
                 "namespace": "gem-tests",
                 "ray": {"serve_port": serve_session},
-                "agents": {"max_turns": MAX_TURNS},
+                "episode": {"max_turns": MAX_TURNS},
             }
         )
     )

@@ -1,9 +1,9 @@
-"""What an agent's first model call waits for: nothing that could have been loaded at start.
+"""What a worker's first model call waits for: nothing that could have been loaded at start.
 
-An agent's first chunk of episodes used to pay for one-time loads on its event loop: the
+A worker's first chunk of episodes used to pay for one-time loads on its event loop: the
 token-ids client's tokenizer (``transformers``' import, seconds) and Arrow's lazy imports at
-the first table. Every episode of the chunk waited, so vLLM saw that agent's requests
-trickle in during a run's first round. Here: both are loaded when the client or agent is
+the first table. Every episode of the chunk waited, so vLLM saw that worker's requests
+trickle in during a run's first round. Here: both are loaded when the client or worker is
 made, and the request a token-ids call sends is what vLLM is meant to get.
 """
 
@@ -121,18 +121,18 @@ async def test_a_tokenizer_that_cannot_load_fails_the_call_not_the_client(monkey
         await policy.close()
 
 
-def test_an_agent_actor_pays_arrows_lazy_imports_when_made():
-    """Arrow imports pandas and its compute module at the first table it builds; an agent
+def test_a_worker_actor_pays_arrows_lazy_imports_when_made():
+    """Arrow imports pandas and its compute module at the first table it builds; a worker
     builds one per finished batch, so it must have done so before its first chunk."""
     script = """
 import sys
 from rayrollout.data.config import RunConfig
-from rayrollout.engine.agent import AgentActor
-assert "pandas" not in sys.modules, "imported before the agent was made: test is moot"
+from rayrollout.engine.worker import WorkerActor
+assert "pandas" not in sys.modules, "imported before the worker was made: test is moot"
 config = RunConfig.model_validate(
     {"policy": {"kind": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m"}}
 )
-AgentActor.__ray_actor_class__("agent:0", config, "http://127.0.0.1:9/v1")
+WorkerActor.__ray_actor_class__("worker:0", config, "http://127.0.0.1:9/v1")
 assert "pandas" in sys.modules and "pyarrow.compute" in sys.modules
 """
     done = subprocess.run(

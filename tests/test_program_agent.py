@@ -86,7 +86,7 @@ def test_an_unmodified_sdk_script_plays_every_episode(tmp_path, serve_session):
         "agent_settings": {
             "program": {"args": {"command": ["python", "examples/openai_agent.py"]}}
         },
-        "agents": {"num_agents": 2},
+        "workers": {"num_workers": 2},
         "concurrency": 16,
     }
     rows = collect(tmp_path, serve_session, WEATHER_TASKS, config, "--num-repeats", 2)
@@ -125,7 +125,8 @@ def test_faulty_programs_end_only_their_episode_and_leave_no_process(tmp_path, s
                 },
             },
         },
-        "agents": {"num_agents": 1, "episode_timeout_s": 12},
+        "workers": {"num_workers": 1},
+        "episode": {"timeout_s": 12},
     }
     tasks = tmp_path / "tasks.jsonl"
     lines = [

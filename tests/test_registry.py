@@ -38,10 +38,10 @@ async def test_an_inline_session_is_built_with_the_config_args():
     config = RunConfig.model_validate(
         {"environments": {"ahoy": {"path": GREETER, "args": {"greeting": "ahoy"}}}}
     )
-    from rayrollout.engine.agent import AgentRunner
     from rayrollout.engine.episode import EpisodeSpec
+    from rayrollout.engine.worker import WorkerRunner
 
-    runner = AgentRunner("agent:test", config, "http://127.0.0.1:1/v1")
+    runner = WorkerRunner("worker:test", config, "http://127.0.0.1:1/v1")
     try:
         env_cls = runner._env_class("ahoy")
         session = runner._session(env_cls, "ahoy", EpisodeSpec(task()), "e1")
@@ -62,10 +62,10 @@ async def test_hosting_is_looked_up_by_the_registered_name_not_the_class_name():
             }
         }
     )
-    from rayrollout.engine.agent import AgentRunner
     from rayrollout.engine.episode import EpisodeSpec
+    from rayrollout.engine.worker import WorkerRunner
 
-    runner = AgentRunner("agent:test", config, "http://127.0.0.1:1/v1")
+    runner = WorkerRunner("worker:test", config, "http://127.0.0.1:1/v1")
     try:
         env_cls = runner._env_class("local-counter")
         assert env_cls is CounterEnv

@@ -367,14 +367,14 @@ def test_a_real_resumed_run_reads_as_the_engine_counted_it(tmp_path, serve_sessi
 
 
 def test_a_run_of_one_episode_that_never_started_still_renders(tmp_path):
-    # A lost agent's row: no start time, no seconds; the page must not divide by zero.
+    # A lost worker's row: no start time, no seconds; the page must not divide by zero.
     row = Trajectory(
         task_id="lost",
         sample_index=0,
         group_id="lost",
         environment="math",
         status="error",
-        error="agent died",
+        error="worker died",
         created_at=datetime.fromtimestamp(T0, UTC),
     )
     run = write(tmp_path / "run", "parquet", "r", [row])
@@ -382,5 +382,5 @@ def test_a_run_of_one_episode_that_never_started_still_renders(tmp_path):
     assert (summary.episodes, summary.active_s, summary.episodes_per_s) == (1, 0.0, 0.0)
     assert summary.segments[0].start == pytest.approx(T0)
     page = render_report(run)
-    assert "No task has two samples or more" in page and "agent died" in page
+    assert "No task has two samples or more" in page and "worker died" in page
     assert 'data-figure="status:error" data-value="1"' in page

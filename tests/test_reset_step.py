@@ -64,7 +64,7 @@ def tally_run(tmp_path_factory, serve_session):
                 "namespace": "reset-step-tests",
                 "ray": {"serve_port": serve_session},
                 "environments": {"tally": {"path": "step_envs:TallyEnv"}},
-                "agents": {"max_turns": 4},
+                "episode": {"max_turns": 4},
             }
         )
     )

@@ -53,7 +53,7 @@ def reward_run(tmp_path_factory, serve_session):
     config = {
         "namespace": "reward-tests",
         "environments": {"scheduled": {"path": "fixture_envs:ScheduledRewardEnv"}},
-        "agents": {"num_agents": 1},  # the schedule is counted in one process
+        "workers": {"num_workers": 1},  # the schedule is counted in one process
         "output": {"dir": str(base / "out")},
         "ray": {"serve_port": serve_session},
         "num_repeats": 2,

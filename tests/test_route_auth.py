@@ -32,7 +32,7 @@ def test_a_runs_policy_and_environment_routes_take_only_its_token(serve_session,
         "namespace": NAMESPACE,
         "policy": {"kind": "scripted"},
         "environments": {"booking": {"hosting": "serve"}},
-        "agents": {"num_agents": 1},
+        "workers": {"num_workers": 1},
         "output": {"dir": str(tmp_path / "out")},
         "ray": {"serve_port": serve_session},
     }

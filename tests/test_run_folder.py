@@ -183,6 +183,45 @@ def test_an_old_part_reads_under_the_current_schema_for_every_reader(tmp_path):
     assert summary.rows_read == 2 and summary.rows_written == 1
 
 
+def test_an_older_rows_agent_column_reads_as_its_worker_for_every_reader(tmp_path):
+    """Rows written when the worker actor's name was the ``agent`` column: Parquet and JSONL
+    parts read with it as ``worker`` (resume, show, report, export read the same folder)."""
+    rows = {}
+    for task_id in ("pq", "js"):
+        row = trajectory(task_id, 0, worker=f"{task_id}-worker", played_by="tool_loop").to_row()
+        row["agent"] = row.pop("worker")
+        rows[task_id] = row
+    fields = [f.with_name("agent") if f.name == "worker" else f for f in SCHEMA]
+    table = pa.Table.from_pylist([rows["pq"]], schema=pa.schema(fields))
+    pq.write_table(table, tmp_path / "part-a-00000.parquet")
+    line = json.dumps({**rows["js"], "created_at": str(rows["js"]["created_at"])})
+    (tmp_path / "part-b-00000.jsonl").write_text(line + "\n")
+    write(tmp_path, "parquet", "c", [trajectory("new", 0, worker="worker:1")])
+
+    folder = RunFolder(tmp_path)
+    workers = {t.task_id: (t.worker, t.played_by) for t in folder.trajectories()}
+    assert workers == {
+        "pq": ("pq-worker", "tool_loop"),
+        "js": ("js-worker", "tool_loop"),
+        "new": ("worker:1", ""),
+    }
+    assert {row["task_id"]: row["worker"] for _, row in folder.rows(["task_id", "worker"])} == {
+        "pq": "pq-worker",
+        "js": "js-worker",
+        "new": "worker:1",
+    }
+    assert folder.table(["task_id", "worker"]).to_pydict()["worker"] == [
+        "pq-worker",
+        "worker:1",
+        "js-worker",
+    ]
+    assert folder.written_keys() == {("pq", 0), ("js", 0), ("new", 0)}
+    assert [t.worker for t in find_trajectories(tmp_path, "pq")] == ["pq-worker"]
+    assert sorted(load_run(tmp_path)["task_id"]) == ["js", "new", "pq"]
+    summary = export_run("sft", tmp_path, tmp_path.parent / "sft.jsonl", min_reward=0.0)
+    assert summary.rows_read == 3
+
+
 def test_one_tasks_rows_are_found_in_both_formats(tmp_path):
     write(tmp_path, "parquet", "a", [trajectory("x", 0), trajectory("y", 0)])
     write(tmp_path, "jsonl", "b", [trajectory("x", 1), trajectory("x y", 0)])

@@ -45,7 +45,7 @@ def service(tmp_path_factory, serve_session) -> Iterator[dict[str, Any]]:
             "namespace": NAMESPACE,
             "environments": {"scheduled": {"path": "fixture_envs:ScheduledRewardEnv"}},
             "environment": "scheduled",
-            "agents": {"num_agents": 1},
+            "workers": {"num_workers": 1},
             "concurrency": 16,
             "output": {"dir": str(tmp_path_factory.mktemp("service") / "out")},
             "ray": {"serve_port": serve_session},

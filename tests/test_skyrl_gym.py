@@ -23,7 +23,7 @@ from omegaconf import OmegaConf  # noqa: E402 (skyrl-gym's dependency: after its
 from rayrollout import read_trajectories  # noqa: E402
 from rayrollout.cli.commands import app  # noqa: E402
 
-MAX_TURNS = 5  # the run's agents.max_turns
+MAX_TURNS = 5  # the run's episode.max_turns
 
 
 def row(task_id, question, replies, **fields):
@@ -115,7 +115,7 @@ def skyrl_run(tmp_path_factory, serve_session):
                 "namespace": "skyrl-tests",
                 "ray": {"serve_port": serve_session},
                 "environments": {"skyrl_gym": {"args": {"env_config": env_config}}},
-                "agents": {"max_turns": MAX_TURNS},
+                "episode": {"max_turns": MAX_TURNS},
             }
         )
     )

@@ -81,14 +81,14 @@ def test_import_rayrollout_is_light_and_its_names_still_resolve():
     assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))
 
 
-def test_an_agent_worker_loads_no_serve_openai_or_pandas():
-    """What an agent actor imports when Ray builds it: Serve (for Serve-hosted environments),
+def test_a_worker_loads_no_serve_openai_or_pandas():
+    """What a worker actor imports when Ray builds it: Serve (for Serve-hosted environments),
     the openai SDK (the Responses API) wait until a run uses them, and pandas until the first
-    rows are built (pyarrow imports it then), so every agent of an inline or URL run is up
+    rows are built (pyarrow imports it then), so every worker of an inline or URL run is up
     about 0.8 s sooner."""
     code = (
         "import json, sys\n"
-        "from rayrollout.engine.agent import AgentActor, AgentRunner\n"
+        "from rayrollout.engine.worker import WorkerActor, WorkerRunner\n"
         "print(json.dumps(sorted(m for m in sys.modules if m in "
         "('ray.serve', 'openai', 'pandas', 'fastapi'))))\n"
     )

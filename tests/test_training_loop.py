@@ -76,8 +76,8 @@ def engine_up(tmp_path, port: int, namespace: str, **training: Any) -> Iterator[
         {
             "namespace": namespace,
             "environments": {"scheduled": {"path": "fixture_envs:ScheduledRewardEnv"}},
-            # One agent: the environment's reward schedule is counted in one process.
-            "agents": {"num_agents": 1},
+            # One worker: the environment's reward schedule is counted in one process.
+            "workers": {"num_workers": 1},
             "concurrency": 32,
             "output": {"dir": str(tmp_path / "out"), "flush_interval_s": 1.0},
             "ray": {"serve_port": port},

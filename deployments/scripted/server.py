@@ -3,7 +3,7 @@
 Routes: ``POST /v1/chat/completions``, ``POST /v1/responses``, ``GET /v1/models``. Responses
 carry usage counts (words, as a stand-in for tokens) and, for chat, the message and tool
 calls in the exact shape the ``openai`` client parses. Like every rayrollout route, they
-take only bearers of the run's token (``rayrollout.auth``): the agents send it as their key.
+take only bearers of the run's token (``rayrollout.auth``): the workers send it as their key.
 """
 
 # No `from __future__ import annotations` here: FastAPI reads the route signatures' types.

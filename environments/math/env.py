@@ -123,7 +123,7 @@ def gold_answer(task_id: str, fields: dict[str, Any]) -> str:
 class _DisabledTimeoutNotice(logging.Filter):
     """Drops math_verify's "Timeout is disabled" warning, which ``_grade`` below brings on
     deliberately (``verify`` bounds the wait itself): said once per process, it was one line
-    per agent and replica in every run's log, telling the reader nothing."""
+    per worker and replica in every run's log, telling the reader nothing."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.getMessage().startswith("Timeout is disabled")

@@ -19,7 +19,7 @@ way. ``play`` returns None (the engine then asks the environment's verifier abou
 ``episode.messages``) or a ``Verification`` it got itself (an agent server that scores its
 own episodes). Ending early with a status: raise ``EpisodeEnd``.
 
-One instance per agent actor plays many episodes at once, so per-episode state lives in
+One instance per worker actor plays many episodes at once, so per-episode state lives in
 ``play``'s locals (or ``episode.state``), never on ``self``.
 """
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from rayrollout.agent.contract import EpisodeEnd, OutOfTurns
-from rayrollout.data.config import AgentConfig
+from rayrollout.data.config import EpisodeConfig
 from rayrollout.data.schema import (
     EpisodeMetrics,
     Message,
@@ -75,7 +75,7 @@ class AgentEpisode:
             ``model`` and keeps the transcript whole.
         state: free per-episode storage for the agent.
         episode_id: unique per attempt (the session key of the environment and policy).
-        limits: the run's ``agents`` settings (``max_turns``, timeouts).
+        limits: the run's ``episode`` settings (``max_turns``, timeouts).
     """
 
     def __init__(
@@ -84,7 +84,7 @@ class AgentEpisode:
         tools: list[dict[str, Any]],
         session: EnvSession,
         policy: Policy,
-        limits: AgentConfig,
+        limits: EpisodeConfig,
         trajectory: Trajectory,
         episode_id: str,
         gateway: GatewayOpener | None = None,
@@ -249,7 +249,7 @@ class AgentEpisode:
         model itself (an OpenAI SDK script, a NeMo Gym agent): every call it makes through
         the endpoint goes through ``model`` and is recorded. Closed when the block ends."""
         if self._gateway is None:
-            raise RuntimeError("this agent actor has no gateway (rayrollout.agent.gateway)")
+            raise RuntimeError("this worker actor has no gateway (rayrollout.agent.gateway)")
         async with self._gateway.open(self) as endpoint:
             yield endpoint
 

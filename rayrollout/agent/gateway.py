@@ -7,8 +7,8 @@ and answer shapes, which are pure, live apart in ``openai_shapes``.)
 An agent written as a program (an OpenAI SDK script, an agent framework, anything that
 speaks the OpenAI protocol) cannot be handed an ``AgentEpisode``: it is handed a URL and a
 key instead, and every call it makes there goes through ``AgentEpisode.model``, so it is
-recorded token-exact like any agent's. One aiohttp server per agent actor, on 127.0.0.1 at a
-port the OS picks, started by the first episode that opens it (an actor whose agents never
+recorded token-exact like any agent's. One aiohttp server per worker actor, on 127.0.0.1 at a
+port the OS picks, started by the first episode that opens it (a worker whose agents never
 use it binds nothing); each open episode gets its own path and key under it::
 
     base_url   http://127.0.0.1:PORT/e/<token>/v1     (OPENAI_BASE_URL)
@@ -171,7 +171,7 @@ class GatewayEndpoint:
 
 
 class Gateway:
-    """The agent actor's gateway server and its open episodes (``GatewayOpener``).
+    """The worker actor's gateway server and its open episodes (``GatewayOpener``).
 
     Cheap to make: nothing is bound until the first ``open``. ``close`` stops the server.
     """

@@ -2,14 +2,14 @@
 
 Why it exists: a NeMo Gym model server (``openai_model``) is configured with one static
 ``openai_base_url``, but each rayrollout episode has its own gateway endpoint (its own URL
-and key, in whichever agent actor plays it). The front listens at the fixed URL the model
+and key, in whichever worker actor plays it). The front listens at the fixed URL the model
 server's config names (``http://127.0.0.1:PORT/v1``), reads which episode a request belongs
 to from the request body's ``metadata`` (``rayrollout_gateway``, ``rayrollout_key``: the
 ``nemo_gym`` agent puts them in each ``/run`` body's ``responses_create_params``, and NeMo
 Gym's agents and model server pass that object through), removes them and forwards the
 request to that episode's gateway, answering with the gateway's answer.
 
-It keeps no state, so any agent actor may host it: the first to bind the port does, the
+It keeps no state, so any worker actor may host it: the first to bind the port does, the
 others find the port bound, check that the front answers there (``GET
 /rayrollout-front-health``) and rely on it; if its host actor dies, the next episode of
 another actor binds the port again (``FrontKeeper``). A port held by some other program is
@@ -195,7 +195,7 @@ class GatewayFront:
             return _error(
                 502,
                 f"the episode's gateway at {gateway} did not answer ({reason}); its episode "
-                "may have ended or its agent actor stopped",
+                "may have ended or its worker actor stopped",
                 "episode_gateway_unreachable",
             )
         async with upstream:

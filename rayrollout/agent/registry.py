@@ -61,7 +61,7 @@ class AgentSpec(BaseModel):
     origin: str = Field(default="", description="Where it was registered (for messages).")
 
     def create(self) -> Agent:
-        """A new agent instance (one per agent actor plays all of its episodes)."""
+        """A new agent instance (one per worker actor plays all of its episodes)."""
         target = _import_target(self.target)
         try:
             if isinstance(target, type):

@@ -1,10 +1,10 @@
 """Long-lived services on a cluster: ``up``, ``status``, ``down``, and finding what is up.
 
 ``up`` deploys a namespace's policy, its Serve-hosted environments, a detached engine (with
-its agents) and the rollout API over HTTP (``service``, unless ``service.enabled`` is off);
+its workers) and the rollout API over HTTP (``service``, unless ``service.enabled`` is off);
 ``collect`` and training loops then attach to that engine instead of starting their own, or
 reach it over HTTP (``rayrollout.client``). Everything is found by name in the namespace
-(the ``engine`` and ``service`` actors, ``agent:<i>`` actors, Serve apps ``<ns>.policy``
+(the ``engine`` and ``service`` actors, ``worker:<i>`` actors, Serve apps ``<ns>.policy``
 and ``<ns>.env.<name>``), so two namespaces on one cluster never see each other. A lookup
 retries briefly while things start, then fails naming what is missing and the command that
 starts it.
@@ -30,6 +30,7 @@ from rayrollout.engine.actor import ENGINE_NAME
 from rayrollout.engine.placement import cpu_actor_options
 from rayrollout.engine.secret_env import route_token_path
 from rayrollout.engine.services import policy_app_name
+from rayrollout.engine.worker import WORKER_PREFIX
 from rayrollout.environment.server import environment_app_name
 from rayrollout.errors import ClusterError
 
@@ -159,7 +160,7 @@ def service_url(namespace: str) -> str | None:
 
 
 def status(namespace: str) -> dict[str, Any]:
-    """What is up in the namespace: Serve apps with replicas per node, agents, engine health."""
+    """What is up in the namespace: Serve apps with replicas per node, workers, engine health."""
     from ray.util.state import list_actors
 
     prefix = f"{namespace}."
@@ -169,14 +170,14 @@ def status(namespace: str) -> dict[str, Any]:
             apps[name] = {"status": str(app.status.value), "replicas_per_node": {}}
     actors = list_actors(detail=True, filters=[("state", "=", "ALIVE")], limit=10_000)
     per_node: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    agents: dict[str, str] = {}
+    workers: dict[str, str] = {}
     for actor in actors:
         if actor.class_name.startswith("ServeReplica:"):
             app_name = actor.class_name.split(":")[1]
             if app_name in apps:
                 per_node[app_name][str(actor.node_id)] += 1
-        elif actor.class_name == "AgentActor" and actor.ray_namespace == namespace:
-            agents[str(actor.name)] = str(actor.node_id)
+        elif actor.class_name == "WorkerActor" and actor.ray_namespace == namespace:
+            workers[str(actor.name)] = str(actor.node_id)
     for name, nodes in per_node.items():
         apps[name]["replicas_per_node"] = dict(nodes)
     try:
@@ -204,12 +205,12 @@ def status(namespace: str) -> dict[str, Any]:
         "engine": engine_state,
         "service": service_state,
         "apps": apps,
-        "agents": agents,
+        "workers": workers,
     }
 
 
 def down(namespace: str) -> list[str]:
-    """Remove the namespace's engine, agents and Serve apps; returns what was removed."""
+    """Remove the namespace's engine, workers and Serve apps; returns what was removed."""
     removed: list[str] = []
     try:
         service = ray.get_actor(SERVICE_NAME, namespace=namespace)
@@ -234,7 +235,7 @@ def down(namespace: str) -> list[str]:
         ray.kill(engine)
         removed.append(f"actor {namespace}/{ENGINE_NAME}")
     for info in ray.util.list_named_actors(all_namespaces=True):
-        if info["namespace"] == namespace and info["name"].startswith("agent:"):
+        if info["namespace"] == namespace and info["name"].startswith(WORKER_PREFIX):
             try:
                 ray.kill(ray.get_actor(info["name"], namespace=namespace))
                 removed.append(f"actor {namespace}/{info['name']}")

@@ -409,7 +409,7 @@ def probe_policy(config: RunConfig, key: str | None, timeout_s: float = PROBE_TI
 
     Any other answer (404: no ``/models`` route; 5xx; not a model list) passes: the server
     is there, and the run's own retries judge its completions. Proxies are not used, as
-    the agents' HTTP client uses none. The key never appears in a message.
+    the workers' HTTP client uses none. The key never appears in a message.
 
     Raises:
         PolicyCheckError: nothing answers (refused, unknown host, timeout), HTTP 401/403, or

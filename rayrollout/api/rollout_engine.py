@@ -49,8 +49,9 @@ from rayrollout.engine.actor import ENGINE_NAME, EngineActor
 from rayrollout.engine.episode import EpisodeSpec
 from rayrollout.engine.figures import RunSnapshot
 from rayrollout.engine.placement import cpu_actor_options
-from rayrollout.engine.secret_env import agents_policy_key, route_token_path
+from rayrollout.engine.secret_env import route_token_path, workers_policy_key
 from rayrollout.engine.services import ensure_ray, prepare_policy
+from rayrollout.engine.worker import worker_name
 from rayrollout.errors import ClusterError, RayrolloutError
 
 __all__ = [
@@ -161,7 +162,7 @@ class RolloutEngine:
         self.shutdown()
 
     def start(self, run_id: str | None = None, *, detached: bool = False) -> RolloutEngine:
-        """Bring up Ray, the policy and the engine actor with its agents.
+        """Bring up Ray, the policy and the engine actor with its workers.
 
         An engine ``rayrollout up`` left in the namespace is attached to instead (its config
         decides where output goes), and left up by ``shutdown``.
@@ -206,7 +207,7 @@ class RolloutEngine:
         except OSError:  # a read-only home (some job drivers): the run needs no file
             pass
         self.policy_url, deploy = prepare_policy(self.config, RouteAuth.bearer(token))
-        # Serve brings the policy up while the engine starts its agents (worker processes):
+        # Serve brings the policy up while the engine starts its workers (Ray actors):
         # neither needs the other before the first episode, and each takes seconds.
         deploying = _in_background(deploy) if deploy is not None else None
         run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
@@ -220,7 +221,7 @@ class RolloutEngine:
             self.policy_url,
             run_id,
             detached,
-            agents_policy_key(self.config, self.route_token),
+            workers_policy_key(self.config, self.route_token),
             driver_pid=os.getpid(),
             route_token=self.route_token,
         )
@@ -378,7 +379,7 @@ class RolloutEngine:
         return CollectResult(Path(self.config.output.dir), self.config.output.format, summary)
 
     def shutdown(self) -> None:
-        """Stop the engine and its agents (Ray and Serve stay up for whoever started them).
+        """Stop the engine and its workers (Ray and Serve stay up for whoever started them).
 
         An engine attached to (started by ``rayrollout up``) stays up; its output is
         flushed.
@@ -398,15 +399,15 @@ class RolloutEngine:
         return True
 
     def _discard(self) -> None:
-        """Close and kill this driver's engine and its agents."""
+        """Close and kill this driver's engine and its workers."""
         if self.engine is not None:
             try:
                 ray.get(self.engine.close.remote(), timeout=30)
             except Exception:  # a dead engine's lock is released by the OS anyway
                 pass
-            for i in range(self.config.agents.num_agents):
+            for i in range(self.config.workers.num_workers):
                 try:
-                    ray.kill(ray.get_actor(f"agent:{i}", namespace=self.config.namespace))
+                    ray.kill(ray.get_actor(worker_name(i), namespace=self.config.namespace))
                 except ValueError:
                     pass
             ray.kill(self.engine)

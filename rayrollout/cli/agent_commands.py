@@ -99,14 +99,14 @@ def agent_test(
         typer.Option(
             "--episode-timeout",
             help="Seconds the agent may take per episode.",
-            show_default="--config's agents.episode_timeout_s, else 1800.0",
+            show_default="--config's episode.timeout_s, else 1800.0",
         ),
     ] = None,
     config_file: Annotated[
         Path | None,
         typer.Option(
             "--config",
-            help="Run config: agent_settings.NAME (path, args), environments, agents "
+            help="Run config: agent_settings.NAME (path, args), environments, episode "
             "limits, policy.",
         ),
     ] = None,
@@ -130,7 +130,7 @@ def agent_test(
         policy__base_url=base_url,
         policy__model=model,
         policy__api=api,
-        agents__episode_timeout_s=episode_timeout,
+        episode__timeout_s=episode_timeout,
     )
     config = load_config(config_file, flags)
     agent = _build(name, config)
@@ -163,7 +163,7 @@ def agent_test(
 
 
 def _build(name: str, config: RunConfig) -> Agent:
-    """Agent ``name`` built as an agent actor builds it, with its config ``args``. An unknown
+    """Agent ``name`` built as a worker actor builds it, with its config ``args``. An unknown
     name or args that do not fit its signature are the registry's one-line errors; a
     constructor that refuses its args' values (a ``ValueError``) is one line too, exit 2,
     where a run would fail each of its episodes with it."""
@@ -232,7 +232,7 @@ async def _play_all(
 ) -> list[Trajectory]:
     """Play each task once, in order, against one policy client; every episode a row. The
     recording gateway is there for agents that run a program (it binds a loopback port
-    only when an episode opens it), as in an agent actor."""
+    only when an episode opens it), as in a worker actor."""
     from rayrollout.agent.gateway import Gateway
     from rayrollout.policy.client import PolicyClient
 
@@ -274,7 +274,7 @@ async def _play_one(
     policy: Policy,
     gateway: GatewayOpener,
 ) -> Trajectory:
-    """One episode as an agent actor plays it, with the environment inline: built with its
+    """One episode as a worker actor plays it, with the environment inline: built with its
     config args; a class that cannot be built ends the episode 'error', as in a run."""
     from rayrollout.engine.episode import EpisodeSpec, failed_trajectory, run_episode
     from rayrollout.environment.registry import environment_spec
@@ -301,7 +301,7 @@ async def _play_one(
         env_cls,
         session,
         policy,
-        config.agents,
+        config.episode,
         "agent-test",
         agent=agent,
         played_by=name,

@@ -95,7 +95,7 @@ def up(
 
 
 def status(config: ConfigFile = None, namespace: Namespace = None, address: Address = None) -> None:
-    """List what is up in the namespace: Serve apps, replicas per node, agents, engine health."""
+    """List what is up in the namespace: Serve apps, replicas per node, workers, engine health."""
     from rayrollout.api.cluster import status as cluster_status
 
     run_config = _cluster_config(config, namespace, address)
@@ -103,7 +103,7 @@ def status(config: ConfigFile = None, namespace: Namespace = None, address: Addr
 
 
 def down(config: ConfigFile = None, namespace: Namespace = None, address: Address = None) -> None:
-    """Remove the namespace's engine, agents, policy and environment apps."""
+    """Remove the namespace's engine, workers, policy and environment apps."""
     from rayrollout.api.cluster import down as cluster_down
 
     run_config = _cluster_config(config, namespace, address)

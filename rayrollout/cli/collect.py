@@ -74,7 +74,7 @@ def run_collect(config: RunConfig) -> RunSnapshot:
             )
         console.print(
             f"policy: {engine.policy_url} ({engine.config.policy.model}); "
-            f"agents: {config.agents.num_agents}; concurrency: {config.concurrency}"
+            f"workers: {config.workers.num_workers}; concurrency: {config.concurrency}"
         )
         progress.begin(plan.episodes)
 
@@ -223,10 +223,10 @@ _CONCURRENCY = typer.Option(
     help="Episodes running at once, at most.",
     show_default="--config's concurrency, else 256",
 )
-_NUM_AGENTS = typer.Option(
-    "--num-agents",
-    help="Agent actors.",
-    show_default="--config's agents.num_agents, else 2",
+_NUM_WORKERS = typer.Option(
+    "--num-workers",
+    help="Worker actors: Ray actors that each play their share of the episodes.",
+    show_default="--config's workers.num_workers, else 2",
 )
 _LIMIT = typer.Option(
     "--limit", help="Read at most this many tasks.", show_default="--config's limit, else all"
@@ -268,7 +268,7 @@ _CONFIG_KEYS = {
     "api": "policy__api",
     "num_repeats": "num_repeats",
     "concurrency": "concurrency",
-    "num_agents": "agents__num_agents",
+    "num_workers": "workers__num_workers",
     "limit": "limit",
     "resume": "resume",
     "overwrite": "output__overwrite",
@@ -291,7 +291,7 @@ def collect(
     api: Annotated[str | None, _API] = None,
     num_repeats: Annotated[int | None, _NUM_REPEATS] = None,
     concurrency: Annotated[int | None, _CONCURRENCY] = None,
-    num_agents: Annotated[int | None, _NUM_AGENTS] = None,
+    num_workers: Annotated[int | None, _NUM_WORKERS] = None,
     limit: Annotated[int | None, _LIMIT] = None,
     resume: Annotated[bool, _RESUME] = False,
     overwrite: Annotated[bool, _OVERWRITE] = False,

@@ -148,8 +148,8 @@ def _release_held_worker_lines() -> None:
 
     Ray's driver deduplicates worker lines: a line that a second worker repeats is held for
     up to 5 s to be counted, and what is still held is printed at ``ray.shutdown``, which for
-    the CLI is the process's exit: after the summary, on the console. The demo's two agents
-    both logged Serve's router start-up; one copy went to the file, the other ended the
+    the CLI is the process's exit: after the summary, on the console. The demo's two worker
+    actors both logged Serve's router start-up; one copy went to the file, the other ended the
     console. The names are Ray's private ones; if they move, the lines are left to Ray.
     """
     worker = sys.modules.get("ray._private.worker")

@@ -64,7 +64,7 @@ def render_trajectory(trajectory: Trajectory, console: Console) -> None:
     header.add_row("environment", trajectory.environment)
     header.add_row("model", f"{trajectory.model}  (policy version {trajectory.policy_version})")
     played = trajectory.played_by or "-"
-    header.add_row("agent", f"{played}  (on {trajectory.agent})" if trajectory.agent else played)
+    header.add_row("agent", f"{played}  (on {trajectory.worker})" if trajectory.worker else played)
     header.add_row("status", Text(trajectory.status, style=status_style))
     header.add_row("reward", f"{trajectory.reward:.3f}")  # any finite float: -1.000, 3.000
     if trajectory.error:

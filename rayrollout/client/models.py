@@ -15,7 +15,7 @@ import json
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 __all__ = [
     "BATCH_ID_PATTERN",
@@ -132,8 +132,13 @@ class TrajectoryRow(_Answer):
     sample_index: int
     group_id: str
     environment: str
-    agent: str = ""
-    played_by: str = ""
+    worker: str = Field(
+        default="",
+        # An older service's rows name the worker actor 'agent'.
+        validation_alias=AliasChoices("worker", "agent"),
+        description="The worker actor that played the episode, e.g. 'worker:0'.",
+    )
+    played_by: str = Field(default="", description="The agent (episode loop) that played it.")
     model: str = ""
     policy_version: int = 0
     messages: list[dict[str, Any]] = Field(default_factory=list)

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 from rayrollout.data.environment_config import (
     DEFAULT_SESSION_IDLE_TIMEOUT_S,
@@ -23,13 +24,14 @@ from rayrollout.data.service_config import ServiceConfig
 from rayrollout.errors import InputError
 
 __all__ = [
-    "AgentConfig",
     "AgentSettings",
     "DEFAULT_AGENT",
     "DEFAULT_SESSION_IDLE_TIMEOUT_S",
+    "RENAMED_KEYS",
     "ConfigError",
     "EnvironmentAutoscaling",
     "EnvironmentConfig",
+    "EpisodeConfig",
     "OutputConfig",
     "PlacementConfig",
     "PolicyConfig",
@@ -38,6 +40,7 @@ __all__ = [
     "ScriptedPolicyConfig",
     "ServiceConfig",
     "TrainingConfig",
+    "WorkersConfig",
     "load_config",
 ]
 
@@ -153,25 +156,69 @@ class AgentSettings(_Config):
     )
 
 
-class AgentConfig(_Config):
-    """The agent pool and the limits of one episode."""
+class WorkersConfig(_Config):
+    """The pool of worker actors: Ray actors that each play their share of the episodes,
+    every episode with the agent its task names."""
 
-    num_agents: int = Field(default=2, ge=1, description="Agent actors, named agent:<i>.")
-    num_cpus: float = Field(default=0.1, gt=0, description="CPUs reserved per agent actor.")
+    num_workers: int = Field(default=2, ge=1, description="Worker actors, named worker:<i>.")
+    num_cpus: float = Field(default=0.1, gt=0, description="CPUs reserved per worker actor.")
+    restart_deadline_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="How long the engine keeps resending a dead worker's unanswered episodes "
+        "while Ray restarts the actor; only past it are they written as 'error' rows.",
+    )
+
+
+class EpisodeConfig(_Config):
+    """The limits of one episode, whichever agent plays it."""
+
     max_turns: int = Field(default=8, ge=1, description="Model calls per episode at most.")
     tool_timeout_s: float = Field(default=30.0, gt=0, description="Timeout of one tool call.")
     verify_timeout_s: float = Field(default=60.0, gt=0, description="Timeout of the verifier.")
-    episode_timeout_s: float = Field(
+    timeout_s: float = Field(
         default=1800.0,
         gt=0,
         description="Wall time an agent may take to play one episode (its model and tool "
         "calls included); past it the episode ends 'timeout' naming the agent.",
     )
-    restart_deadline_s: float = Field(
-        default=600.0,
-        gt=0,
-        description="How long the engine keeps resending a dead agent's unanswered episodes "
-        "while Ray restarts the actor; only past it are they written as 'error' rows.",
+
+
+RENAMED_KEYS = {
+    "agents.num_agents": "workers.num_workers",
+    "agents.num_cpus": "workers.num_cpus",
+    "agents.restart_deadline_s": "workers.restart_deadline_s",
+    "agents.max_turns": "episode.max_turns",
+    "agents.tool_timeout_s": "episode.tool_timeout_s",
+    "agents.verify_timeout_s": "episode.verify_timeout_s",
+    "agents.episode_timeout_s": "episode.timeout_s",
+    "placement.spread_agents": "placement.spread_workers",
+}
+"""Config keys of earlier versions and the keys that replaced them: "agent" names the
+episode loop only, the pool of actors that play episodes is ``workers``."""
+
+
+def _renamed_keys(data: dict[str, Any]) -> str | None:
+    """One line naming the new key of each old key ``data`` holds; None when it holds none."""
+    keys: list[str] = []  # the old keys given, as they are written
+    moves: list[str] = []
+    if "agents" in data:
+        keys.append("agents")
+        every = [key for key in RENAMED_KEYS if key.startswith("agents.")]
+        inside = data["agents"] if isinstance(data["agents"], dict) else {}
+        given = [key for key in every if key.partition(".")[2] in inside]
+        # An empty or unknown 'agents' section: the whole map, so the reader finds theirs.
+        moves += given or every
+    placement = data.get("placement")
+    if isinstance(placement, dict) and "spread_agents" in placement:
+        keys.append("placement.spread_agents")
+        moves.append("placement.spread_agents")
+    if not keys:
+        return None
+    named = ", ".join(f"'{key}'" for key in keys)
+    was = "keys {} were" if len(keys) > 1 else "key {} was"
+    return f"config {was.format(named)} renamed: " + ", ".join(
+        f"{old} -> {RENAMED_KEYS[old]}" for old in moves
     )
 
 
@@ -195,7 +242,7 @@ class PlacementConfig(_Config):
     """Which nodes run what: node roles are Ray custom resources the cluster's nodes declare.
 
     A GPU node started with ``ray start --resources '{"gpu_node": 1}'`` takes the policy's
-    replicas when ``gpu_resource: gpu_node``; nodes with ``cpu_resource`` take the agents and
+    replicas when ``gpu_resource: gpu_node``; nodes with ``cpu_resource`` take the workers and
     the environment replicas. Unset (the default), nothing is constrained: one node works.
     """
 
@@ -205,7 +252,7 @@ class PlacementConfig(_Config):
     )
     cpu_resource: str | None = Field(
         default=None,
-        description="Custom resource marking CPU nodes; agents, environment replicas and the "
+        description="Custom resource marking CPU nodes; workers, environment replicas and the "
         "engine require a sliver of it.",
     )
     amount: float = Field(
@@ -214,8 +261,8 @@ class PlacementConfig(_Config):
         le=1,
         description="Amount of the role resource each actor requires (small: a role, not a quota).",
     )
-    spread_agents: bool = Field(
-        default=True, description="Spread agent actors across nodes (Ray's SPREAD strategy)."
+    spread_workers: bool = Field(
+        default=True, description="Spread worker actors across nodes (Ray's SPREAD strategy)."
     )
 
     def gpu_options(self, options: dict[str, Any]) -> dict[str, Any]:
@@ -223,7 +270,7 @@ class PlacementConfig(_Config):
         return self._with_role(options, self.gpu_resource)
 
     def cpu_options(self, options: dict[str, Any]) -> dict[str, Any]:
-        """Ray actor ``options`` plus the CPU-node role, if named (agents, environment
+        """Ray actor ``options`` plus the CPU-node role, if named (workers, environment
         replicas, the engine). Here, not in the engine, because environment hosting (a
         lower layer) places its replicas too."""
         return self._with_role(options, self.cpu_resource)
@@ -248,7 +295,7 @@ class RayConfig(_Config):
     serve_port: int = Field(default=8000, description="Serve HTTP port.")
     serve_proxy_location: Literal["EveryNode", "HeadOnly"] = Field(
         default="EveryNode",
-        description="Where Serve runs HTTP proxies: 'EveryNode' lets agents on any node reach "
+        description="Where Serve runs HTTP proxies: 'EveryNode' lets workers on any node reach "
         "the policy at 127.0.0.1; 'HeadOnly' when several Ray nodes share one host (tests).",
     )
 
@@ -312,7 +359,7 @@ class RunConfig(_Config):
         default=256,
         ge=1,
         description=(
-            "Episodes running at once, at most (agents may hold up to a chunk more each, waiting)."
+            "Episodes running at once, at most (workers may hold up to a chunk more each, waiting)."
         ),
     )
     limit: int | None = Field(default=None, ge=1, description="Read at most this many tasks.")
@@ -328,7 +375,8 @@ class RunConfig(_Config):
     environments: dict[str, EnvironmentConfig] = Field(
         default_factory=dict, description="Per-environment settings, by name."
     )
-    agents: AgentConfig = Field(default_factory=AgentConfig)
+    workers: WorkersConfig = Field(default_factory=WorkersConfig)
+    episode: EpisodeConfig = Field(default_factory=EpisodeConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
@@ -337,6 +385,16 @@ class RunConfig(_Config):
         default_factory=ServiceConfig,
         description="The HTTP rollout API `rayrollout up` starts (docs/how-to/service.md).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_renamed_keys(cls, data: Any) -> Any:
+        # Here, not in load_config: YAML, flags, Python and the service's config all pass.
+        if isinstance(data, dict):
+            renamed = _renamed_keys(data)
+            if renamed is not None:
+                raise PydanticCustomError("renamed_key", renamed)
+        return data
 
     def environment_config(self, name: str) -> EnvironmentConfig:
         """Settings of one environment (defaults when the config names it not)."""
@@ -377,5 +435,10 @@ def load_config(
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(_problem(e["loc"], e["msg"]) for e in exc.errors())
         raise ConfigError(f"invalid config{f' {path}' if path else ''}: {problems}") from None
+
+
+def _problem(loc: tuple[int | str, ...], message: str) -> str:
+    """One validation error as ``key.path: message`` (the message alone for the whole config)."""
+    return f"{'.'.join(map(str, loc))}: {message}" if loc else message

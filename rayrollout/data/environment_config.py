@@ -82,7 +82,7 @@ class EnvironmentConfig(BaseModel):
     args: dict[str, Any] = Field(
         default_factory=dict,
         description="Keyword arguments of the environment's constructor, after the task "
-        "(Class(task, **args)), wherever it is built: in the agent, on Serve replicas, in "
+        "(Class(task, **args)), wherever it is built: in the worker, on Serve replicas, in "
         "`env serve` and `env test`. They must be picklable (they travel to replicas).",
     )
     hosting: Literal["inline", "serve"] | None = Field(
@@ -100,7 +100,7 @@ class EnvironmentConfig(BaseModel):
         gt=0,
         description="Serve-hosted stateful environments: a session with no call for this long "
         "is closed and its state released (HTTP clients that never verify or close, episodes "
-        "of a killed agent). A call in flight keeps its session.",
+        "of a killed worker). A call in flight keeps its session.",
     )
     url: str | None = Field(
         default=None,
@@ -112,7 +112,7 @@ class EnvironmentConfig(BaseModel):
         default=None,
         description="A file holding the bearer token the server at 'url' takes (sent as "
         "'Authorization: Bearer ...'): the file `rayrollout env serve` prints. Read by each "
-        "agent when it first calls the server; the token itself is never in the config.",
+        "worker when it first calls the server; the token itself is never in the config.",
     )
     timeout_s: float = Field(
         default=60.0, gt=0, description="Timeout of one HTTP call to 'url' (one attempt)."

@@ -15,7 +15,7 @@ Each row carries its timestamps as Unix seconds, taken from the row itself:
 says when an episode started, never when it ended (the old report's throughput, taken from
 its spread, read 121 episodes/s over 0.3 s for a 14.6 s run whose episodes all started at
 once). It stands in for ``started_at`` only where that is unset (rows that never ran, such
-as a lost agent's, or rows older than the field).
+as a lost worker's, or rows older than the field).
 
 and ``run``, the run id in the name of the part that holds it (a collect call's parts share
 one: ``part-<run>-<n>``), so a resumed run's collect calls can be told apart.

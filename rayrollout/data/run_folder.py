@@ -17,7 +17,8 @@ A folder holds::
 Parts of both formats may sit side by side (a run resumed with another ``--format``); every
 reader here reads both. Parquet parts are read under the current Arrow schema, not their
 own: a part written before a field existed reads with the field's null (which the model
-turns into its default) instead of hiding the field in newer parts.
+turns into its default) instead of hiding the field in newer parts, and a column of an older
+name (``schema.RENAMED_COLUMNS``: ``agent``, now ``worker``) reads as its new one.
 
 Example:
     >>> folder = RunFolder("rollouts/run1")  # doctest: +SKIP
@@ -37,7 +38,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rayrollout.data.folder_lock import LockHolder, acquire
-from rayrollout.data.schema import Trajectory, trajectory_arrow_schema
+from rayrollout.data.schema import (
+    RENAMED_COLUMNS,
+    Trajectory,
+    renamed_columns,
+    trajectory_arrow_schema,
+)
 from rayrollout.data.task_digests import DigestTable, NextSamples, SampleKeys
 from rayrollout.errors import OutputError
 
@@ -56,6 +62,11 @@ FORMATS = ("parquet", "jsonl")
 REJECTS_FILE = "_rejects.jsonl"
 LOCK_FILE = ".lock"
 SCHEMA = trajectory_arrow_schema()
+# What Parquet parts are scanned with: the current schema plus each older column name, typed
+# as its new column, so an old part's values are there to read under the new name.
+_SCAN_SCHEMA = pa.schema(
+    [*SCHEMA, *(pa.field(old, SCHEMA.field(new).type) for old, new in RENAMED_COLUMNS.items())]
+)
 _BATCH = 256  # rows per Parquet batch handed out as dicts: a few MB with token ids
 _KEY_BATCH = 65_536  # two small columns only
 
@@ -262,7 +273,7 @@ class RunFolder:
                     yield f"{path.name} row {index}", row
             else:
                 for where, row in _jsonl_rows(path, task_id):
-                    yield where, {k: v for k, v in row.items() if keep(k)}
+                    yield where, {k: v for k, v in renamed_columns(row).items() if keep(k)}
 
     def trajectories(
         self, parts: Iterable[Path] | None = None, task_id: str | None = None
@@ -282,11 +293,11 @@ class RunFolder:
         tables = []
         parquet = [p for p in paths if p.suffix == ".parquet"]
         if parquet:
-            import pyarrow.dataset as ds  # here: it imports pandas (0.3 s) at an agent's start
+            import pyarrow.dataset as ds  # here: it imports pandas (0.3 s) at a worker's start
 
             try:
-                scan = ds.dataset([str(p) for p in parquet], format="parquet", schema=SCHEMA)
-                tables.append(scan.to_table(columns=columns))
+                scan = ds.dataset([str(p) for p in parquet], format="parquet", schema=_SCAN_SCHEMA)
+                tables.append(scan.to_table(columns=_projection(columns)))
             except (pa.ArrowException, OSError) as exc:
                 raise PartError(f"{self.path}: cannot read its Parquet parts: {exc}") from None
         jsonl = [p for p in paths if p.suffix != ".parquet"]
@@ -341,13 +352,36 @@ def _parquet_rows(path: Path, columns: list[str], task_id: str | None) -> Iterat
     dropped from the row, so the model fills its default (a null would fail an ``int``).
     """
     own = _part_schema(path)
-    current, old = pa.struct(list(SCHEMA)), pa.struct(list(own))
+    current, old = pa.struct(list(SCHEMA)), pa.struct(list(_current_names(own)))
     upgrade = _lacks_fields(current, old)
     for batch in _parquet_batches(path, columns, task_id, _BATCH):
         for row in batch.to_pylist():
             if upgrade:
                 _drop_absent(row, current, old)
             yield row
+
+
+def _current_names(schema: pa.Schema) -> pa.Schema:
+    """A part's schema with each column of an older name under its new one."""
+    names = [RENAMED_COLUMNS.get(n, n) if n not in SCHEMA.names else n for n in schema.names]
+    return pa.schema([field.with_name(name) for field, name in zip(schema, names, strict=True)])
+
+
+def _projection(columns: list[str]) -> list[str] | dict[str, Any]:
+    """What to read of a scan under ``_SCAN_SCHEMA``: ``columns``, a renamed one taken from
+    its older column in parts that lack it."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    older = {new: old for old, new in RENAMED_COLUMNS.items()}
+    if not older.keys() & set(columns):
+        return columns
+    return {
+        name: pc.coalesce(ds.field(name), ds.field(older[name]))
+        if name in older
+        else ds.field(name)
+        for name in columns
+    }
 
 
 def _part_schema(path: Path) -> pa.Schema:
@@ -396,9 +430,10 @@ def _parquet_batches(
     import pyarrow.dataset as ds
 
     try:
-        scan = ds.dataset(str(path), format="parquet", schema=SCHEMA)
+        scan = ds.dataset(str(path), format="parquet", schema=_SCAN_SCHEMA)
         where = ds.field("task_id") == task_id if task_id is not None else None
-        yield from scan.to_batches(columns=columns, filter=where, batch_size=batch_size)
+        projection = _projection(columns)
+        yield from scan.to_batches(columns=projection, filter=where, batch_size=batch_size)
     except (pa.ArrowException, OSError) as exc:
         raise PartError(f"{path.name}: cannot read it as Parquet: {exc}") from None
 

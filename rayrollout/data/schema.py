@@ -20,6 +20,7 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 __all__ = [
+    "RENAMED_COLUMNS",
     "EpisodeMetrics",
     "FunctionCall",
     "Message",
@@ -30,6 +31,7 @@ __all__ = [
     "ToolCall",
     "Trajectory",
     "Turn",
+    "renamed_columns",
     "stable_task_id",
     "trajectory_arrow_schema",
 ]
@@ -307,7 +309,7 @@ class EpisodeMetrics(_Model):
     seconds_queued: float = Field(
         default=0.0,
         description="Wall time from the engine queueing the episode to its start: waiting "
-        "for a free slot (concurrency) and the agent call.",
+        "for a free slot (concurrency) and the worker call.",
     )
     token_mismatches: int = Field(
         default=0, description="Turns whose prompt ids did not extend the previous turn's ids."
@@ -327,7 +329,11 @@ class Trajectory(_Model):
     sample_index: int = Field(description="Which of the task's samples this is (0-based).")
     group_id: str = Field(description="Samples of one task share it: a GRPO group.")
     environment: str
-    agent: str = Field(default="", description="Name of the agent actor that ran the episode.")
+    worker: str = Field(
+        default="",
+        description="Name of the worker actor that played the episode, e.g. 'worker:0' "
+        "(older rows name it in an 'agent' column, read back as this one).",
+    )
     played_by: str = Field(
         default="",
         description="Registered name of the agent (the episode's loop) that played it, e.g. "
@@ -380,12 +386,30 @@ class Trajectory(_Model):
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Trajectory:
-        """Read back a row from Parquet (``to_pylist``) or a parsed JSONL line."""
-        data = dict(row)
+        """Read back a row from Parquet (``to_pylist``) or a parsed JSONL line; a column of
+        an older name (``RENAMED_COLUMNS``) reads as its new one."""
+        data = renamed_columns(row)
         for name in _JSON_FIELDS:
             if isinstance(data.get(name), str):
                 data[name] = json.loads(data[name])
         return cls.model_validate(data)
+
+
+RENAMED_COLUMNS = {"agent": "worker"}
+"""Row columns of earlier versions -> their names now: ``agent`` held the worker actor's
+name, and "agent" names the episode loop only (``played_by``)."""
+
+
+def renamed_columns(row: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``row`` with each column of an older name under its new one (the new one
+    wins where the row has both)."""
+    data = dict(row)
+    for old, new in RENAMED_COLUMNS.items():
+        if old in data:
+            value = data.pop(old)
+            if data.get(new) is None:
+                data[new] = value
+    return data
 
 
 def stable_task_id(row: dict[str, Any]) -> str:

@@ -109,7 +109,7 @@ class InvalidTaskError(InputError, ValueError):
         }
 
 
-class RowRefused(Exception):
+class RowRefused(InputError):
     """Raised by a ``check_environment`` callable of ``check_rows``: the row's environment is
     known but refused (``str(exc)`` says why); the row becomes an ``InvalidTaskError`` of
     field 'environment' naming its line."""

@@ -3,10 +3,10 @@
 Named ``engine`` in the run's namespace, so drivers and training loops find it with
 ``ray.get_actor("engine", namespace=NS)``. Work arrives through ``submit`` (which waits while
 the queue is full: backpressure, not timeouts); a feeder takes chunks off the queue while
-fewer than ``concurrency`` episodes plus the agents' ``reserve`` are out, and sends each to
-the least-loaded agent in one Ray call. The agent streams a chunk's rows back as its
+fewer than ``concurrency`` episodes plus the workers' ``reserve`` are out, and sends each to
+the least-loaded worker in one Ray call. The worker streams a chunk's rows back as its
 episodes finish (a Ray streaming generator), so a slow episode never holds its chunk's
-finished slots; each batch goes to the writer as it arrives. If the agent dies, only the
+finished slots; each batch goes to the writer as it arrives. If the worker dies, only the
 episodes it had not yet handed back are sent again, so no row is written twice. Nothing is
 kept per task beyond the episodes in flight (their specs, and a ``generate`` call's waiter)
 and ``next_sample``'s digests, so a run's memory does not grow with its task set.
@@ -35,48 +35,48 @@ from rayrollout.data.config import RunConfig
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.task_digests import NextSamples
 from rayrollout.data.writer import PartWriter, make_sink
-from rayrollout.engine.agent import AgentActor, agent_name, agent_share
 from rayrollout.engine.chunks import ChunkRows
 from rayrollout.engine.deploy import EnvironmentDeployer
 from rayrollout.engine.episode import EpisodeSpec, failed_trajectory
 from rayrollout.engine.figures import RunSnapshot
 from rayrollout.engine.groups import SamplingCounts
 from rayrollout.engine.metrics import RunMetrics
-from rayrollout.engine.placement import agent_actor_options
+from rayrollout.engine.placement import worker_actor_options
 from rayrollout.engine.stats import RunStats
 from rayrollout.engine.streaming import StreamingAPI
 from rayrollout.engine.training import TrainingLoopAPI
 from rayrollout.engine.weights import WeightSync
+from rayrollout.engine.worker import WorkerActor, worker_name, worker_share
 from rayrollout.gc_tuning import tune_gc
 
 __all__ = ["ENGINE_NAME", "EngineActor"]
 
 ENGINE_NAME = "engine"
-_RESERVE_S = 0.1  # the round trip an agent's reserve covers (engine.reserve)
-_RESEND_BACKOFF_S = (0.5, 1.0, 2.0, 4.0)  # then every 4 s until agents.restart_deadline_s
+_RESERVE_S = 0.1  # the round trip a worker's reserve covers (engine.reserve)
+_RESEND_BACKOFF_S = (0.5, 1.0, 2.0, 4.0)  # then every 4 s until workers.restart_deadline_s
 logger = logging.getLogger(__name__)
 
 
-def chunk_size(concurrency: int, num_agents: int) -> int:
-    """Most episodes per agent call: enough to amortize the call (about 1.4 ms of the engine's
-    CPU each; 64 rather than 32 took a tenth off the engine's CPU per episode), few enough
-    to spread the work over the agents."""
-    return max(1, min(64, concurrency // (num_agents * 2)))
+def chunk_size(concurrency: int, num_workers: int) -> int:
+    """Most episodes per worker call: enough to amortize the call (about 1.4 ms of the
+    engine's CPU each; 64 rather than 32 took a tenth off the engine's CPU per episode), few
+    enough to spread the work over the workers."""
+    return max(1, min(64, concurrency // (num_workers * 2)))
 
 
-def reserve(concurrency: int, num_agents: int, episode_s: float | None) -> int:
-    """Episodes sent to agents beyond ``concurrency``, waiting there, so that an agent starts
+def reserve(concurrency: int, num_workers: int, episode_s: float | None) -> int:
+    """Episodes sent to workers beyond ``concurrency``, waiting there, so that a worker starts
     its next episode the moment one ends instead of a round trip later (its rows to the
-    engine, the freed slot, the next chunk back). Agents still run at most ``concurrency``
-    at once between them (``agent_share``).
+    engine, the freed slot, the next chunk back). Workers still run at most ``concurrency``
+    at once between them (``worker_share``).
 
     As many as finish within ``_RESERVE_S`` at the run's mean episode time (``episode_s``;
-    None before the first rows: a chunk per agent), at most a chunk per agent. Long episodes
-    need almost none, and must not get more: an episode waiting in a busy agent cannot move
-    to another agent's free slot, so a big reserve would stretch the tail of a round of
+    None before the first rows: a chunk per worker), at most a chunk per worker. Long episodes
+    need almost none, and must not get more: an episode waiting in a busy worker cannot move
+    to another worker's free slot, so a big reserve would stretch the tail of a round of
     minute-long episodes.
     """
-    most = chunk_size(concurrency, num_agents) * num_agents
+    most = chunk_size(concurrency, num_workers) * num_workers
     if not episode_s:
         return most
     return min(most, math.ceil(concurrency * _RESERVE_S / episode_s))
@@ -85,7 +85,7 @@ def reserve(concurrency: int, num_agents: int, episode_s: float | None) -> int:
 # Ray's type stubs give ray.remote(...) task options only; max_concurrency is an actor's.
 @ray.remote(num_cpus=0, max_concurrency=10_000)  # type: ignore[call-overload]
 class EngineActor(TrainingLoopAPI, StreamingAPI):
-    """Runs episodes on the agent pool and streams their rows to the output folder."""
+    """Runs episodes on the worker pool and streams their rows to the output folder."""
 
     def __init__(
         self,
@@ -93,27 +93,27 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         policy_url: str,
         run_id: str,
         detached: bool = False,
-        policy_key: SecretStr | None = None,  # for the agents only (engine/secret_env.py)
+        policy_key: SecretStr | None = None,  # for the workers only (engine/secret_env.py)
         driver_pid: int | None = None,  # the run's driver, noted in the folder's lock
         route_token: SecretStr | None = None,  # what the run's HTTP routes take (auth.py)
     ) -> None:
         self.config = config
         self.policy_url = policy_url
         self.detached = detached  # started by `rayrollout up`: drivers attach, never kill it
-        self.agents = [
-            AgentActor.options(  # type: ignore[attr-defined]  # a Ray actor class (stubs)
-                name=agent_name(i),
+        self.workers = [
+            WorkerActor.options(  # type: ignore[attr-defined]  # a Ray actor class (stubs)
+                name=worker_name(i),
                 namespace=config.namespace,
                 max_concurrency=100_000,
-                **agent_actor_options(config, {"num_cpus": config.agents.num_cpus}),
+                **worker_actor_options(config, {"num_cpus": config.workers.num_cpus}),
             ).remote(
-                agent_name(i),
+                worker_name(i),
                 config,
                 policy_url,
                 policy_key,
-                agent_share(config.concurrency, config.agents.num_agents, i),
+                worker_share(config.concurrency, config.workers.num_workers, i),
             )
-            for i in range(config.agents.num_agents)
+            for i in range(config.workers.num_workers)
         ]
         out = config.output
         self.run_id = run_id
@@ -125,15 +125,15 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         self.writer = PartWriter(self.sink, out.rows_per_part, out.flush_interval_s)
         self.run_stats = RunStats()
         self.metrics = RunMetrics(config.namespace)
-        self.chunk = chunk_size(config.concurrency, config.agents.num_agents)
+        self.chunk = chunk_size(config.concurrency, config.workers.num_workers)
         self.queue: asyncio.Queue[EpisodeSpec] = asyncio.Queue(maxsize=2 * config.concurrency)
         # Without a token given, a fresh one nobody holds: the routes answer no one over HTTP.
         token = route_token.get_secret_value() if route_token else new_token()
         self.environments = EnvironmentDeployer(config, RouteAuth.bearer(token))
         self.write_lock = asyncio.Lock()
         self.feeder: asyncio.Task[None] | None = None
-        self.calls: set[asyncio.Task[None]] = set()  # agent calls in flight
-        self.load = [0] * len(self.agents)  # episodes in flight per agent
+        self.calls: set[asyncio.Task[None]] = set()  # worker calls in flight
+        self.load = [0] * len(self.workers)  # episodes in flight per worker
         self.room = asyncio.Event()  # set when an episode ends: the feeder may send more
         self.episode_s: float | None = None  # mean episode seconds, recent rows weigh more
         self.flusher: asyncio.Task[None] | None = None
@@ -143,7 +143,7 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         self.all_done = asyncio.Event()
         self.all_done.set()
         self.batch_first_part = 0
-        self.weights = WeightSync(config, policy_url, self.agents, token)
+        self.weights = WeightSync(config, policy_url, self.workers, token)
         self.sampling = SamplingCounts()
         self.waiters: dict[int, _Waiter] = {}  # id(spec) -> the generate() call awaiting it
         # The next free sample index per task id, as digests: read from the folder when first
@@ -152,8 +152,8 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         tune_gc()  # it takes every row of the run; see gc_tuning
 
     async def start(self) -> list[str]:
-        """Wait for the agents and open the output; returns the agents' names."""
-        names = await asyncio.gather(*(agent.ready.remote() for agent in self.agents))
+        """Wait for the workers and open the output; returns the workers' names."""
+        names = await asyncio.gather(*(worker.ready.remote() for worker in self.workers))
         await asyncio.to_thread(self.sink.start)
         self.feeder = asyncio.create_task(self._feed())
         self.flusher = asyncio.create_task(self._flush_periodically())
@@ -166,7 +166,7 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
             "policy_url": self.policy_url,
             "output_dir": self.config.output.dir,
             "output_format": self.config.output.format,
-            "num_agents": len(self.agents),
+            "num_workers": len(self.workers),
             "run_id": self.run_id,
         }
 
@@ -206,7 +206,7 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         return snapshot
 
     async def close(self) -> None:
-        """Stop the feeder and the agent calls; complete the output (releases the lock)."""
+        """Stop the feeder and the worker calls; complete the output (releases the lock)."""
         for task in [self.feeder, *self.calls, self.flusher]:
             if task is not None:
                 task.cancel()
@@ -260,17 +260,17 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         return table.take(keep)
 
     async def _feed(self) -> None:
-        """Send queued episodes to the least-loaded agent while fewer than ``concurrency``
-        plus the agents' ``reserve`` are out."""
+        """Send queued episodes to the least-loaded worker while fewer than ``concurrency``
+        plus the workers' ``reserve`` are out."""
         while True:
             chunk = [await self.queue.get()]
             await self._room_for(chunk)
             # A full chunk when the queue has one (one Ray call for more episodes), even if
-            # that waits for room: the agents hold a reserve meanwhile.
+            # that waits for room: the workers hold a reserve meanwhile.
             while len(chunk) < self.chunk and not self.queue.empty():
                 chunk.append(self.queue.get_nowait())
                 await self._room_for(chunk)
-            index = min(range(len(self.agents)), key=self.load.__getitem__)
+            index = min(range(len(self.workers)), key=self.load.__getitem__)
             self.load[index] += len(chunk)
             self.run_stats.in_flight += len(chunk)
             call = asyncio.create_task(self._run_chunk(index, chunk))
@@ -281,23 +281,23 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         """Wait until ``chunk`` fits beside the episodes already out."""
         concurrency = self.config.concurrency
         while True:
-            limit = concurrency + reserve(concurrency, len(self.agents), self.episode_s)
+            limit = concurrency + reserve(concurrency, len(self.workers), self.episode_s)
             if self.run_stats.in_flight + len(chunk) <= limit:
                 return
             self.room.clear()
             await self.room.wait()
 
     async def _run_chunk(self, index: int, chunk: list[EpisodeSpec]) -> None:
-        """One streaming agent call. A dead or restarting agent gets the episodes it had not
+        """One streaming worker call. A dead or restarting worker gets the episodes it had not
         handed back again, as often as it takes Ray to bring it back, up to
-        ``agents.restart_deadline_s`` (minutes: a loaded machine restarts an actor slowly);
+        ``workers.restart_deadline_s`` (minutes: a loaded machine restarts an actor slowly);
         only past that do they end as error rows."""
-        agent, pending, error = self.agents[index], list(chunk), ""
-        deadline = time.monotonic() + self.config.agents.restart_deadline_s
+        worker, pending, error = self.workers[index], list(chunk), ""
+        deadline = time.monotonic() + self.config.workers.restart_deadline_s
         for attempt in itertools.count():
             sent = pending
             try:
-                async for ref in agent.run.remote(sent, self.weights.state()):
+                async for ref in worker.run.remote(sent, self.weights.state()):
                     result: ChunkRows = await ref
                     finished = [sent[i] for i in result.indices]
                     done = {id(spec) for spec in finished}
@@ -305,21 +305,21 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
                     await self._finish(index, finished, result)
                 if not pending:
                     return
-                error = f"agent ended its call with {len(pending)} episodes unanswered"
+                error = f"worker ended its call with {len(pending)} episodes unanswered"
                 break
             except (RayActorError, ActorUnavailableError) as exc:
                 pause = _RESEND_BACKOFF_S[min(attempt, len(_RESEND_BACKOFF_S) - 1)]
                 if time.monotonic() + pause > deadline:
                     error = (
-                        f"agent actor still unavailable after {attempt + 1} attempts over "
-                        f"agents.restart_deadline_s={self.config.agents.restart_deadline_s:g}: "
+                        f"worker actor still unavailable after {attempt + 1} attempts over "
+                        f"workers.restart_deadline_s={self.config.workers.restart_deadline_s:g}: "
                         f"{exc}"
                     )
                     break
-                logger.warning("agent %s unavailable (%s); resending in %.1fs", index, exc, pause)
+                logger.warning("worker %s unavailable (%s); resending in %.1fs", index, exc, pause)
                 await asyncio.sleep(pause)
             except Exception as exc:
-                error = f"agent failed: {type(exc).__name__}: {exc}"
+                error = f"worker failed: {type(exc).__name__}: {exc}"
                 break
         rows = [failed_trajectory(spec, "", error).to_row() for spec in pending]
         await self._finish(index, pending, ChunkRows.from_rows(rows, list(range(len(rows)))))

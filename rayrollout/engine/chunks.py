@@ -1,7 +1,7 @@
-"""What an agent hands back for a chunk of episodes: the rows as one Arrow table, plus the
+"""What a worker hands back for a chunk of episodes: the rows as one Arrow table, plus the
 few figures per episode that the engine's counters and metrics read.
 
-Rows travel as Arrow, not as Python dicts: the agent builds the table (its CPU is spread
+Rows travel as Arrow, not as Python dicts: the worker builds the table (its CPU is spread
 over the pool) and the engine, one process for the whole run, only concatenates tables for
 the writer. Profiled at 256 episodes in flight, unpickling nested row dicts and building
 tables from them was over a third of the engine's CPU. The table crosses the Ray call as
@@ -57,7 +57,7 @@ def summarize(row: dict[str, Any]) -> dict[str, Any]:
 @dataclass
 class ChunkRows:
     """Finished rows of a chunk (Arrow IPC bytes), their summaries, and which of the chunk's
-    specs they belong to (``indices``, positions in the list the agent was sent)."""
+    specs they belong to (``indices``, positions in the list the worker was sent)."""
 
     arrow: bytes
     summaries: list[dict[str, Any]]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from rayrollout.agent import POLICY, Agent, AgentEpisode, EpisodeEnd, OutOfTurns
 from rayrollout.agent.episode import GatewayOpener
 from rayrollout.agent.registry import agent_spec
-from rayrollout.data.config import DEFAULT_AGENT, AgentConfig
+from rayrollout.data.config import DEFAULT_AGENT, EpisodeConfig
 from rayrollout.data.schema import Task, Trajectory
 from rayrollout.environment import Environment, Verification
 from rayrollout.environment.sessions import EnvSession
@@ -52,15 +52,16 @@ async def run_episode(
     env_cls: type[Environment],
     session: EnvSession,
     policy: Policy,
-    config: AgentConfig,
-    agent_name: str = "",
+    limits: EpisodeConfig,
+    worker_name: str = "",
     episode_id: str | None = None,
     agent: Agent | None = None,
     played_by: str = DEFAULT_AGENT,
     gateway: GatewayOpener | None = None,
 ) -> Trajectory:
-    """Have ``agent`` (default: the built-in tool loop) play one episode to the end and
-    return its trajectory, whatever happens."""
+    """Have ``agent`` (default: the built-in tool loop) play one episode to the end, within
+    ``limits``, and return its trajectory, whatever happens. ``worker_name`` is the worker
+    actor playing it (the row's ``worker``; '' outside a worker)."""
     task = spec.task
     started = time.perf_counter()
     tools = task.tools if task.tools is not None else env_cls.tool_schemas()
@@ -69,7 +70,7 @@ async def run_episode(
         sample_index=spec.sample_index,
         group_id=task.task_id,
         environment=task.environment,
-        agent=agent_name,
+        worker=worker_name,
         played_by=played_by,
         model=policy.config.model,
         tools=tools,
@@ -84,7 +85,7 @@ async def run_episode(
         tools,
         session,
         policy,
-        config,
+        limits,
         trajectory,
         episode_id or spec.new_episode_id(),
         gateway,
@@ -93,7 +94,7 @@ async def run_episode(
     try:
         await session.setup()
         is_set_up = True
-        verdict = await _play(agent or _TOOL_LOOP, played_by, episode, config)
+        verdict = await _play(agent or _TOOL_LOOP, played_by, episode, limits)
         if verdict is None:
             verdict = await episode.verify()
         trajectory.reward = verdict.reward
@@ -118,15 +119,15 @@ async def run_episode(
 
 
 async def _play(
-    agent: Agent, played_by: str, episode: AgentEpisode, config: AgentConfig
+    agent: Agent, played_by: str, episode: AgentEpisode, limits: EpisodeConfig
 ) -> Verification | None:
     """The agent's ``play``, its faults as the episode's status; sets ``max_turns`` and
     ``truncated`` (the verifier still runs for both) and returns the agent's own verdict."""
     trajectory = episode.trajectory
     try:
         # asyncio.timeout, not wait_for: wait_for wraps the call in a task of its own, a
-        # measurable share of an agent's CPU at thousands of episodes a second.
-        async with asyncio.timeout(config.episode_timeout_s):
+        # measurable share of a worker's CPU at thousands of episodes a second.
+        async with asyncio.timeout(limits.timeout_s):
             verdict = await agent.play(episode)
     except OutOfTurns:
         trajectory.status = "max_turns"
@@ -135,7 +136,7 @@ async def _play(
         raise
     except TimeoutError:
         raise EpisodeEnd(
-            "timeout", f"agent '{played_by}' did not finish within {config.episode_timeout_s}s"
+            "timeout", f"agent '{played_by}' did not finish within {limits.timeout_s}s"
         ) from None
     except Exception as exc:
         raise EpisodeEnd(
@@ -154,7 +155,7 @@ async def _play(
 
 
 def failed_trajectory(
-    spec: EpisodeSpec, agent_name: str, error: str, played_by: str = ""
+    spec: EpisodeSpec, worker_name: str, error: str, played_by: str = ""
 ) -> Trajectory:
     """The row of an episode that could not even start."""
     task = spec.task
@@ -163,7 +164,7 @@ def failed_trajectory(
         sample_index=spec.sample_index,
         group_id=task.task_id,
         environment=task.environment,
-        agent=agent_name,
+        worker=worker_name,
         played_by=played_by,
         messages=list(task.prompt),
         status="error",

@@ -35,7 +35,7 @@ class RunSnapshot(Figures):
     """The current batch's figures: ``progress()`` while it runs, ``finish()`` at its end."""
 
     elapsed_s: float = Field(description="Seconds since the engine (or this batch) began.")
-    in_flight: int = Field(description="Episodes on agents now (running, or waiting there).")
+    in_flight: int = Field(description="Episodes on workers now (running, or waiting there).")
     episodes_per_s: float = Field(description="Finished episodes per second of elapsed time.")
     total: EnvStats = Field(description="Counters over every environment.")
     by_env: dict[str, EnvStats] = Field(description="Counters per environment name.")
@@ -77,7 +77,7 @@ class PolicyState(Figures):
 
 
 class PolicyCalls(Figures):
-    """Model calls summed over every agent's gate."""
+    """Model calls summed over every worker's gate."""
 
     in_flight: int = 0
     calls: int = 0
@@ -106,5 +106,5 @@ class EngineStats(Figures):
     policy: PolicyState
     dynamic_sampling: SamplingCounts
     policy_calls: PolicyCalls | None = Field(
-        default=None, description="None from ``stats_snapshot``, which asks no agent."
+        default=None, description="None from ``stats_snapshot``, which asks no worker."
     )

@@ -2,7 +2,7 @@
 
 A cluster marks its nodes with Ray custom resources (``ray start --resources
 '{"gpu_node": 1}'``); the config's ``placement`` section names them. Policy replicas then
-require a sliver of the GPU-node resource, and agents, environment replicas and the engine a
+require a sliver of the GPU-node resource, and workers, environment replicas and the engine a
 sliver of the CPU-node resource, so each lands only on nodes of its role. A sliver (0.001 by
 default) marks a role without limiting how many actors a node takes: CPUs still do that.
 With ``placement`` unset nothing is constrained and a single node runs everything.
@@ -21,9 +21,9 @@ from typing import Any
 from rayrollout.data.config import RunConfig
 
 __all__ = [
-    "agent_actor_options",
     "cpu_actor_options",
     "policy_actor_options",
+    "worker_actor_options",
 ]
 
 
@@ -37,9 +37,9 @@ def cpu_actor_options(config: RunConfig, options: dict[str, Any]) -> dict[str, A
     return config.placement.cpu_options(options)
 
 
-def agent_actor_options(config: RunConfig, options: dict[str, Any]) -> dict[str, Any]:
-    """Ray actor options of an agent: the CPU-node role, spread across the nodes that have it."""
+def worker_actor_options(config: RunConfig, options: dict[str, Any]) -> dict[str, Any]:
+    """Ray actor options of a worker: the CPU-node role, spread across the nodes that have it."""
     merged = cpu_actor_options(config, options)
-    if config.placement.spread_agents:
+    if config.placement.spread_workers:
         merged["scheduling_strategy"] = "SPREAD"
     return merged

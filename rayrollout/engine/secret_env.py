@@ -4,21 +4,21 @@ Two rules, because a Ray process inherits the environment of whoever started it:
 
 1. **A Ray that rayrollout starts starts without secrets.** ``without_secrets`` takes every
    secret-looking variable (``is_secret_name``) out of ``os.environ`` for the duration of
-   ``ray.init``, so the GCS, the raylet and every worker it forks later (environment
-   replicas, Serve's proxy, the engine, the agents) never hold them; the driver gets them
+   ``ray.init``, so the GCS, the raylet and every process it forks later (environment
+   replicas, Serve's proxy, the engine, the workers) never hold them; the driver gets them
    back as soon as Ray is up. A cluster rayrollout joins (``RAY_ADDRESS``, ``--address``,
-   ``ray job submit``) was started by someone else: its workers have whatever environment
+   ``ray job submit``) was started by someone else: its processes have whatever environment
    ``ray start`` had, which is not ours to scrub.
-2. **The policy key travels to the agents only, as data.** The driver reads it once
+2. **The policy key travels to the workers only, as data.** The driver reads it once
    (``policy_key``) and hands it to the engine actor's constructor as a ``SecretStr``; the
-   engine hands it to each agent's constructor, and the agent gives it to its
-   ``PolicyClient``. It is never put in a process environment (not even the agents': tool
+   engine hands it to each worker's constructor, and the worker gives it to its
+   ``PolicyClient``. It is never put in a process environment (not even the workers': tool
    subprocesses of an inline environment would inherit it there), never in a
    ``runtime_env`` (Ray shows those in its state API and dashboard), and its repr is
    ``'**********'``, so a logged argument shows stars. Ray keeps an actor's constructor
-   arguments to restart it, so a restarted agent gets the key again. On a joined cluster
+   arguments to restart it, so a restarted worker gets the key again. On a joined cluster
    this is also how the key gets there: it comes from the driver's environment, not the
-   workers'. Without a key in the driver's environment, an agent falls back to its own
+   cluster's. Without a key in the driver's environment, a worker falls back to its own
    environment (a cluster whose nodes were started with the key set).
 
 Example:
@@ -46,7 +46,7 @@ from rayrollout.policy.kinds import policy_kind
 
 __all__ = [
     "SECRET_NAME",
-    "agents_policy_key",
+    "workers_policy_key",
     "is_secret_name",
     "policy_key",
     "route_token_path",
@@ -106,8 +106,8 @@ def policy_key(config: RunConfig) -> SecretStr | None:
     return SecretStr(value) if value else None
 
 
-def agents_policy_key(config: RunConfig, route_token: SecretStr) -> SecretStr | None:
-    """The key the agents send to the policy: the run's route token when rayrollout deploys
+def workers_policy_key(config: RunConfig, route_token: SecretStr) -> SecretStr | None:
+    """The key the workers send to the policy: the run's route token when rayrollout deploys
     the policy (its routes take only that), else the driver's key for the external server."""
     if policy_kind(config.policy.kind).deployed:
         return route_token

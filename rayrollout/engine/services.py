@@ -40,9 +40,9 @@ def ensure_ray(config: RunConfig) -> None:
     """Join the configured cluster (or RAY_ADDRESS), or start a local Ray.
 
     A local Ray starts without the driver's secrets (``secrets.without_secrets``): the
-    GCS, the raylet and every worker it forks inherit the environment ``ray.init`` runs
+    GCS, the raylet and every process it forks inherit the environment ``ray.init`` runs
     in, and tool code in an environment replica can read its own or its parent's. The
-    policy key reaches the agents as a constructor argument instead (``secrets``).
+    policy key reaches the workers as a constructor argument instead (``secrets``).
 
     Ray's token authentication is asked for explicitly, local or cluster (``ray_auth``):
     Ray 2.60 binds its gRPC ports on every interface, and the token is what keeps a
@@ -112,7 +112,7 @@ def prepare_policy(config: RunConfig, auth: RouteAuth) -> tuple[str, Callable[[]
     kind (scripted, vLLM) is built here, its routes taking the bearers ``auth`` accepts, and
     runs on Serve when the returned call is made; an external server (``openai``) is used at
     ``policy.base_url`` and needs no Serve at all. Split from deploying because the URL is
-    known before the app runs: the driver starts the engine and its agents while Serve brings
+    known before the app runs: the driver starts the engine and its workers while Serve brings
     the policy up (``RolloutEngine``), each taking seconds. A bad config fails here, at once.
     """
     policy = config.policy

@@ -45,7 +45,7 @@ class EnvStats(Figures):
 
     def time_split(self) -> dict[str, float]:
         """Where an episode's wall time goes, as fractions: model, tools, verify, other
-        (the agent's own work and waiting for its event loop)."""
+        (the agent's own work and waiting for the worker's event loop)."""
         if self.seconds_total <= 0:
             return {"model": 0.0, "tools": 0.0, "verify": 0.0, "other": 0.0}
         parts = {

@@ -3,8 +3,8 @@ episodes at a time, as JSON lines, for the HTTP service (``rayrollout.api.servic
 
 ``generate`` answers when a whole round is done (GRPO groups); a service streaming
 trajectories to a trainer needs each row as it finishes. ``stream`` queues its episodes
-through the same queue, feeder and agents as ``collect`` and ``generate``, registered in the
-actor's ``waiters`` as ``generate``'s are, and yields the rows of each batch an agent hands
+through the same queue, feeder and workers as ``collect`` and ``generate``, registered in the
+actor's ``waiters`` as ``generate``'s are, and yields the rows of each batch a worker hands
 back (rows finishing within 5 ms travel as one item: each item of a Ray streaming
 generator costs the engine a put, and the engine's loop is the run's one shared process).
 Rows are encoded once, here, with orjson (``Trajectory.to_row``'s schema as Arrow
@@ -50,7 +50,7 @@ class RowSink:
 
     async def take(self, gather_s: float) -> list[dict[str, Any]]:
         """Every row that arrived since the last take, waiting for at least one, then
-        ``gather_s`` more for the rows of other agents' batches finishing with it."""
+        ``gather_s`` more for the rows of other workers' batches finishing with it."""
         while not self.rows:
             self.arrived.clear()
             await self.arrived.wait()

@@ -39,7 +39,7 @@ class TrainingLoopAPI:
 
     # Supplied by the engine actor (``actor.EngineActor``).
     config: RunConfig
-    agents: list[Any]
+    workers: list[Any]
     weights: WeightSync
     run_stats: RunStats
     folder: RunFolder
@@ -127,19 +127,19 @@ class TrainingLoopAPI:
         """Episodes done and in flight, throughput, reward, errors, per environment; the
         policy version and calls held or aborted; dynamic sampling counts."""
         snapshot = self.stats_snapshot()
-        agents = await asyncio.gather(
-            *(agent.policy_calls.remote() for agent in self.agents), return_exceptions=True
+        answers = await asyncio.gather(
+            *(worker.policy_calls.remote() for worker in self.workers), return_exceptions=True
         )
         calls = {key: 0 for key in _POLICY_CALL_FIGURES}
-        for answer in agents:
-            if isinstance(answer, dict):  # a restarting agent answers an exception: skipped
+        for answer in answers:
+            if isinstance(answer, dict):  # a restarting worker answers an exception: skipped
                 for key in _POLICY_CALL_FIGURES:
                     calls[key] += answer[key]
         snapshot.policy_calls = PolicyCalls(**calls)
         return snapshot
 
     def stats_snapshot(self) -> EngineStats:
-        """``stats()`` without asking the agents (no awaits)."""
+        """``stats()`` without asking the workers (no awaits)."""
         return EngineStats(
             **self.run_stats.summary(),
             **self._output_figures(),

@@ -1,11 +1,11 @@
-"""Policy weight versions on the engine side: pause and resume every agent, load new weights.
+"""Policy weight versions on the engine side: pause and resume every worker, load new weights.
 
 ``WeightSync`` is the engine's half of ``policy_gate``: it closes and opens the gate of every
-agent, keeps the version, and hands new weights to the policy kind's ``WeightBackend``
+worker, keeps the version, and hands new weights to the policy kind's ``WeightBackend``
 (``rayrollout.policy.kinds``; each lives with its deployment):
 
 - ``vllm`` (Ray Serve LLM): over the app's control endpoints: pause, a
-  ``collective_rpc`` that reloads the checkpoint in every worker, resume
+  ``collective_rpc`` that reloads the checkpoint in every vLLM worker, resume
   (``rayrollout.deployments.vllm.kind``).
 - ``scripted``: a test double for the model's judgement; a new version changes nothing but
   the version every turn records.
@@ -30,13 +30,13 @@ __all__ = ["WeightSync", "WeightUpdateError"]
 
 
 class WeightSync:
-    """The version, the paused state and the agents' gates, kept together by the engine."""
+    """The version, the paused state and the workers' gates, kept together by the engine."""
 
     def __init__(
-        self, config: RunConfig, policy_url: str, agents: list[Any], route_token: str
+        self, config: RunConfig, policy_url: str, workers: list[Any], route_token: str
     ) -> None:
         self.config = config
-        self.agents = agents
+        self.workers = workers
         kind = policy_kind(config.policy.kind)
         # A deployed policy's routes take the run's token; an external one is not ours.
         token = route_token if kind.deployed else None
@@ -48,11 +48,11 @@ class WeightSync:
         self.last_update: dict[str, Any] = {}
 
     def state(self) -> tuple[int, bool]:
-        """(version, paused), sent with every chunk so a restarted agent catches up."""
+        """(version, paused), sent with every chunk so a restarted worker catches up."""
         return self.version, self.paused
 
     async def pause(self, mode: PauseMode | None = None) -> dict[str, Any]:
-        """Hold new model calls on every agent; in-flight ones per ``mode`` (see policy_gate)."""
+        """Hold new model calls on every worker; in-flight ones per ``mode`` (see policy_gate)."""
         mode = mode or self.config.training.pause_mode
         if mode not in PAUSE_MODES:
             raise ValueError(f"unknown pause mode {mode!r}: use one of {', '.join(PAUSE_MODES)}")
@@ -63,10 +63,10 @@ class WeightSync:
         started = time.monotonic()
         if self.paused:
             return {"mode": mode, "calls_in_flight": 0, "seconds": 0.0, "already_paused": True}
-        self.paused = True  # chunks dispatched from now on tell their agent so
-        # An agent that is restarting misses the call; its next chunk carries the state.
+        self.paused = True  # chunks dispatched from now on tell their worker so
+        # A worker that is restarting misses the call; its next chunk carries the state.
         answers = await asyncio.gather(
-            *(agent.pause.remote(mode) for agent in self.agents), return_exceptions=True
+            *(worker.pause.remote(mode) for worker in self.workers), return_exceptions=True
         )
         try:
             await self.backend.pause(mode)
@@ -89,7 +89,7 @@ class WeightSync:
             await self.backend.resume()
         self.paused = False
         await asyncio.gather(
-            *(agent.resume.remote(self.version) for agent in self.agents), return_exceptions=True
+            *(worker.resume.remote(self.version) for worker in self.workers), return_exceptions=True
         )
         return {"version": self.version}
 

@@ -183,7 +183,7 @@ class Environment:
             settings are all looked up by it, never by this attribute, so one class can run
             under two names with different constructor ``args``.
         default_hosting: Where it runs unless the config says otherwise: ``"inline"`` in the
-            agent actors (zero hops; light, non-blocking tools) or ``"serve"`` on Ray Serve
+            worker actors (zero hops; light, non-blocking tools) or ``"serve"`` on Ray Serve
             replicas (CPU-heavy or isolated tools).
     """
 

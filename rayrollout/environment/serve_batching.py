@@ -2,12 +2,12 @@
 
 A Serve deployment-handle call costs about 1 ms of caller CPU here, more than a typical
 tool. With a stateless environment every call carries its task, so calls of different
-episodes can share a request: the agent queues them, and everything queued in the same turn
+episodes can share a request: the worker queues them, and everything queued in the same turn
 of its event loop goes out as one ``batch`` call, which the replica runs concurrently. No
 call waits on a timer: a lone call leaves at once; under load, episodes that resume
 together (their model answers arrived together) share one call. At most ``max_in_flight``
 batches are outstanding per deployment; calls made meanwhile wait for the next batch, so
-the busier the agent, the bigger the batches.
+the busier the worker, the bigger the batches.
 
 Stateful environments are not batched: each episode's calls must reach the replica that
 holds its state (consistent-hash routing on the episode id).

@@ -76,7 +76,7 @@ class EnvironmentServer(NemoGymRoutes):
         self.self_handle: DeploymentHandle | None = None
         # With one replica every session lives here: HTTP calls need no routing hop.
         self.route_locally = single_replica
-        tune_gc()  # a replica churns through episodes as an agent does (gc_tuning)
+        tune_gc()  # a replica churns through episodes as a worker does (gc_tuning)
 
     def _new(self, task: Task) -> Environment:
         """A new instance for one episode (or one stateless call), built with the spec's args."""

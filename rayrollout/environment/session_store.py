@@ -1,7 +1,7 @@
 """Per-episode environment state on a Serve replica, released when a session goes idle.
 
 A stateful episode's state lives on one replica from ``open`` to ``close``. Not every client
-closes: a NeMo Gym agent may stop after a tool call, and an agent actor killed mid-episode
+closes: a NeMo Gym agent may stop after a tool call, and a worker actor killed mid-episode
 re-runs its episodes under new ids. Without expiry their state would stay until the replica
 restarts, so a long-lived environment app would grow without bound. A session with no call
 for ``idle_timeout_s`` is closed here (``Environment.close`` runs, as on a normal end); one

@@ -2,12 +2,12 @@
 
 ``EnvSession`` is the one contract between the episode loop and wherever the environment
 runs; every kind satisfies it, ``lost`` included: ``InlineSession`` (the instance lives in
-the agent), ``ServeSession`` (on a Serve replica, through a deployment handle; its server
+the worker), ``ServeSession`` (on a Serve replica, through a deployment handle; its server
 is ``server.EnvironmentServer``) and ``nemo_gym.RemoteSession`` (a NeMo Gym resources
 server by URL). ``resolve_hosting`` says which one a run's config picks.
 
 Hops matter (a Serve handle call costs about 1 ms of caller CPU here): a stateless
-environment on Serve sends the task along with each tool call and verify, and the agent
+environment on Serve sends the task along with each tool call and verify, and the worker
 coalesces the calls its episodes make at the same moment into one handle call
 (``serve_batching``). A stateful one pins every call of the episode to one replica through
 Serve's consistent-hash router keyed by the episode id, and spends no hop of its own on the
@@ -28,7 +28,7 @@ from rayrollout.environment.serve_batching import BatchingHandle, raised_on_repl
 from rayrollout.environment.session_store import SessionNotOpen
 from rayrollout.errors import EnvironmentBoundaryError
 
-if TYPE_CHECKING:  # Serve costs an agent 0.6 s of imports at start; inline runs never use it
+if TYPE_CHECKING:  # Serve costs a worker 0.6 s of imports at start; inline runs never use it
     from ray.serve.handle import DeploymentHandle
 
 __all__ = [
@@ -57,7 +57,7 @@ class EnvSession(Protocol):
     """One episode's connection to its environment.
 
     ``lost`` turns true when the environment's state went away under the episode (its
-    replica died); the agent then plays the episode again from the start.
+    replica died); the worker then plays the episode again from the start.
     """
 
     lost: bool
@@ -77,7 +77,7 @@ def resolve_hosting(settings: EnvironmentConfig, env_cls: type[Environment]) -> 
 
 
 class InlineSession:
-    """The environment instance lives in the agent's process: plain method calls."""
+    """The environment instance lives in the worker's process: plain method calls."""
 
     def __init__(
         self, env_cls: type[Environment], task: Task, args: dict[str, Any] | None = None
@@ -113,8 +113,8 @@ class ServeSession:
         self.episode_id = episode_id
         self.task = task
         self.handle = handle.options(session_id=episode_id) if stateful else handle
-        self.batcher = None if stateful else batcher  # shared by the agent's episodes
-        self.lost = False  # the replica died or restarted mid-episode: the agent re-runs it
+        self.batcher = None if stateful else batcher  # shared by the worker's episodes
+        self.lost = False  # the replica died or restarted mid-episode: the worker re-runs it
         # Stateful: the replica opens the session with the episode's first call and closes
         # it with verify, two handle calls fewer per episode than open + ... + close.
         self.open_sent = False

@@ -1,6 +1,6 @@
 """Policy calls over the OpenAI protocol (Chat Completions or the Responses API).
 
-One ``PolicyClient`` per agent actor shares one connection pool across all its episodes.
+One ``PolicyClient`` per worker actor shares one connection pool across all its episodes.
 Chat Completions and ``/completions`` (token ids) go through ``policy_http`` (aiohttp and
 orjson, the ``openai`` client's retry rules: profiled, its typed layers cost more CPU than
 the HTTP itself); the Responses API goes through the ``openai`` client. Either retries 429,
@@ -69,7 +69,7 @@ class _NotRaised(PolicyError):
 def _openai_error(name: str) -> type[Exception]:
     """``openai``'s error class ``name``, or one nothing raises when ``openai`` was never
     imported. The SDK is imported only by the Responses API (``openai_client``), the one
-    path that can raise its errors: importing it in every agent cost 0.3 s of start-up."""
+    path that can raise its errors: importing it in every worker cost 0.3 s of start-up."""
     module = sys.modules.get("openai")
     return getattr(module, name) if module is not None else _NotRaised
 
@@ -97,7 +97,7 @@ class _Call:
 class PolicyClient:
     """Calls one policy endpoint for many concurrent episodes.
 
-    With a ``gate`` (an agent's ``PolicyGate``) every call passes it: held while the engine
+    With a ``gate`` (a worker's ``PolicyGate``) every call passes it: held while the engine
     pauses for a weight update, its turn stamped with the version it went out under.
     """
 
@@ -113,7 +113,7 @@ class PolicyClient:
         self.gate = gate
         self.base_url = base_url
         self.max_connections = max_connections
-        # Given by the agent (the driver's key, passed as data: engine/secret_env.py), else
+        # Given by the worker (the driver's key, passed as data: engine/secret_env.py), else
         # this process's environment (a cluster whose nodes were started with the key set).
         self.api_key = api_key or os.environ.get(config.api_key_env) or "not-needed"
         self.http = PolicyHttp(
@@ -127,8 +127,8 @@ class PolicyClient:
     def prepare(self) -> None:
         """Load now what the first call would: in token-ids mode the tokenizer and its chat
         template (``transformers``' import, seconds of CPU). Loaded at the first call, it
-        held the event loop, so every episode of an agent's first chunk waited for it and
-        vLLM saw that agent's requests trickle in. A failure is left for the calls, which
+        held the event loop, so every episode of a worker's first chunk waited for it and
+        vLLM saw that worker's requests trickle in. A failure is left for the calls, which
         load again and report it (each episode records it)."""
         if self.config.prompt_mode != "token_ids" or self._delta_renderer is not None:
             return
@@ -144,7 +144,7 @@ class PolicyClient:
             import openai
 
             # httpx's pool scans every connection on each request: at hundreds of
-            # concurrent episodes it dominated the agent's CPU. aiohttp's does not.
+            # concurrent episodes it dominated the worker's CPU. aiohttp's does not.
             limits = httpx2.Limits(
                 max_connections=self.max_connections,
                 max_keepalive_connections=self.max_connections,

@@ -1,7 +1,7 @@
 """Model calls gated by the policy's weight version: pause, resume, abort and retry, staleness.
 
-Every agent holds one ``PolicyGate``, and every model call of its episodes passes through it
-(the agent's ``PolicyClient`` is built with ``gate=``, so the episode loop sees one client
+Every worker holds one ``PolicyGate``, and every model call of its episodes passes through it
+(the worker's ``PolicyClient`` is built with ``gate=``, so the episode loop sees one client
 kind whether or not a gate is in the way). While the
 gate is closed (the engine paused for a weight update) no new call starts. Calls already in
 flight follow the pause mode:
@@ -15,7 +15,7 @@ flight follow the pause mode:
 Every turn records the version its call was sent under (``Turn.policy_version``).
 ``max_staleness`` bounds how far the version may move during one episode: a call that would
 go out more than ``max_staleness`` versions after the episode's first turn raises
-``StaleEpisode``, and the agent plays the episode again from the start.
+``StaleEpisode``, and the worker plays the episode again from the start.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class PolicyGate:
         self.open.set()
 
     def sync(self, version: int, paused: bool) -> None:
-        """Take the engine's state (a restarted agent starts at version 0, open)."""
+        """Take the engine's state (a restarted worker starts at version 0, open)."""
         self.version = version
         if paused:
             self.open.clear()

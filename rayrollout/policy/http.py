@@ -1,9 +1,9 @@
 """JSON over HTTP to the policy server, with the retries an OpenAI-protocol client makes.
 
 Chat Completions and ``/completions`` are the engine's hot path: two or more calls per
-episode, hundreds of episodes in flight per agent. The ``openai`` client builds, sends and
-parses each request through several layers of typed models; profiled in the agent at 256
-episodes in flight, those layers were over a third of the agent's CPU, more than the HTTP
+episode, hundreds of episodes in flight per worker. The ``openai`` client builds, sends and
+parses each request through several layers of typed models; profiled in a worker at 256
+episodes in flight, those layers were over a third of the worker's CPU, more than the HTTP
 itself. Here a request is one ``orjson`` encode, one aiohttp POST and one decode, with the
 same retry rules the ``openai`` client applies: 408, 409, 429 and 5xx answers, timeouts and
 connection errors are retried with exponential backoff (a server's ``retry-after-ms`` or
@@ -45,7 +45,7 @@ class HttpTransportError(PolicyBoundaryError):
 
 
 class PolicyHttp:
-    """One connection pool to one base URL, shared by every episode of an agent."""
+    """One connection pool to one base URL, shared by every episode of a worker."""
 
     def __init__(
         self,

@@ -85,7 +85,7 @@ class PolicyKind:
     run's token): the control routes, where a kind has them, above all."""
     weight_backend: Callable[[RunConfig, str, str | None], WeightBackend]
     """The backend for the run's config, the policy's base URL and the bearer token its
-    routes take (None for an external server: its key is the agents' business)."""
+    routes take (None for an external server: its key is the workers' business)."""
     local: Callable[[RunConfig], Policy] | None = None
     """The policy in this process, without Ray or a server, for commands that play an
     episode on the spot (``rayrollout agent test``); None where a kind has no such form."""

@@ -2,7 +2,7 @@
 
 The episode loop (``rayrollout.engine.episode``) calls ``complete`` once per turn and reads
 the model name from ``config``; nothing else. ``PolicyClient`` satisfies it (with or
-without the agent's ``PolicyGate``), and so does any stand-in a test or a benchmark hands
+without the worker's ``PolicyGate``), and so does any stand-in a test or a benchmark hands
 the loop (a policy that always fails, a canned one), without subclassing the client.
 """
 

@@ -1,4 +1,4 @@
-"""Placement by node role: policy replicas on the GPU-role node, environments and agents not."""
+"""Placement by node role: policy replicas on the GPU-role node, environments and workers not."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_policy_replicas_run_only_on_gpu_nodes_and_environments_only_elsewhere(
         "placement",
         policy={"scripted": {"replicas": 2}},
         environments={"counter": {"path": "fixture_envs:CounterEnv", "replicas": 2}},
-        agents={"num_agents": 2},
+        workers={"num_workers": 2},
     )
     tasks = [
         {"task_id": f"c{i}", "prompt": f"count {i}", "environment": "counter"} for i in range(8)
@@ -45,7 +45,7 @@ def test_policy_replicas_run_only_on_gpu_nodes_and_environments_only_elsewhere(
         result = engine.collect(tasks, num_repeats=2)
         policy = actor_nodes("ServeReplica:placement.policy:")
         envs = actor_nodes("ServeReplica:placement.env.counter:")
-        agents = actor_nodes("AgentActor")
+        workers = actor_nodes("WorkerActor")
         engines = actor_nodes("EngineActor")
     rows = result.trajectories()
     assert len(rows) == 16
@@ -62,5 +62,5 @@ def test_policy_replicas_run_only_on_gpu_nodes_and_environments_only_elsewhere(
     assert sum(a.class_name.startswith("ServeReplica:placement.policy:") for a in replicas) == 2
     env_nodes = set().union(*envs.values())
     assert env_nodes and env_nodes <= cpu_nodes and not env_nodes & gpu_nodes
-    assert set().union(*agents.values()) <= cpu_nodes
+    assert set().union(*workers.values()) <= cpu_nodes
     assert set().union(*engines.values()) <= cpu_nodes

@@ -39,8 +39,8 @@ def test_two_namespaces_on_one_cluster_do_not_see_each_other(tmp_path, ray_clust
         assert {
             ("iso-a", "engine"),
             ("iso-b", "engine"),
-            ("iso-a", "agent:0"),
-            ("iso-b", "agent:0"),
+            ("iso-a", "worker:0"),
+            ("iso-b", "worker:0"),
         } <= named
         assert lookup_engine("iso-a")._actor_id != lookup_engine("iso-b")._actor_id
         result_a = engine_a.collect(weather_tasks("a", 3))
@@ -137,7 +137,7 @@ def test_up_starts_detached_services_that_collect_attaches_to_and_down_removes(
         check=True,
     )
     listed = json.loads(shown.stdout)
-    assert listed["engine"]["up"] is True and len(listed["agents"]) == 2
+    assert listed["engine"]["up"] is True and len(listed["workers"]) == 2
     assert listed["service"]["url"] == state["service"]["url"]
     assert sum(listed["apps"]["svc.env.counter"]["replicas_per_node"].values()) == 1
 
@@ -156,5 +156,5 @@ def test_up_starts_detached_services_that_collect_attaches_to_and_down_removes(
         "engine": {"up": False},
         "service": {"up": False},
         "apps": {},
-        "agents": {},
+        "workers": {},
     }

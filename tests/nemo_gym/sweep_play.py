@@ -43,7 +43,7 @@ class Sweep:
             "namespace": "ngsweep",
             "policy": {"kind": "scripted"},
             "ray": {"serve_port": self.serve_port},
-            "agents": {"num_agents": 1},
+            "workers": {"num_workers": 1},
             "concurrency": 64,
         }
 

@@ -156,7 +156,7 @@ def test_collect_plays_every_row_with_nemo_gyms_simple_agent(serve_session, ng_s
         assert trajectory.messages[-1].content, where
         dumped = json.dumps(trajectory.to_row(), default=str)
         assert KEY_FIELD not in dumped and GATEWAY_FIELD not in dumped, where
-    # The run ended the agent actor that hosted the front, and ng_run's shutdown ended
+    # The run ended the worker actor that hosted the front, and ng_run's shutdown ended
     # `rayrollout env serve` and the Ray it started.
     assert _wait_port_free(front_port), f"the front outlived the run: {_listener(front_port)}"
     left = {pid: command for pid, command in run.leftovers.items() if pid in ours}

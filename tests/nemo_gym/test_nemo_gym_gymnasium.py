@@ -80,7 +80,7 @@ def _collect(
     config.write_text(
         yaml.safe_dump(
             {"namespace": f"ng-bj-{tmp_path.name[-8:]}", "ray": {"serve_port": port},
-             "agents": {"max_turns": 20}}
+             "episode": {"max_turns": 20}}
         )
     )  # fmt: skip
     out = tmp_path / "out"

@@ -36,7 +36,7 @@ def service(tmp_path_factory: pytest.TempPathFactory, serve_session: int) -> Ite
             "namespace": NAMESPACE,
             "environments": {"scheduled": {"path": "fixture_envs:ScheduledRewardEnv"}},
             "environment": "scheduled",
-            "agents": {"num_agents": 1},
+            "workers": {"num_workers": 1},
             "output": {"dir": str(tmp_path_factory.mktemp("ng-service") / "out")},
             "ray": {"serve_port": serve_session},
             "service": {"port": 0},

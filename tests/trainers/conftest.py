@@ -32,7 +32,7 @@ def service(tmp_path_factory, serve_session) -> Iterator[dict[str, Any]]:
                 "namespace": NAMESPACE,
                 "environment": "weather",
                 "policy": {"kind": "openai", "base_url": policy.base_url, "model": "tokens"},
-                "agents": {"num_agents": 1},
+                "workers": {"num_workers": 1},
                 "concurrency": 8,
                 "output": {"dir": str(tmp_path_factory.mktemp("trainers") / "out")},
                 "ray": {"serve_port": serve_session},

@@ -93,7 +93,8 @@ def run_agents(
             "temperature": 1.0,
             "timeout_s": 120,
         },
-        "agents": {"num_agents": 2, "max_turns": MAX_TURNS},
+        "workers": {"num_workers": 2},
+        "episode": {"max_turns": MAX_TURNS},
         "agent_settings": {
             "context_budget": {
                 "path": AGENTS["context_budget"],

@@ -76,7 +76,8 @@ def run(tmp_path_factory: pytest.TempPathFactory, serve_session: int) -> Iterato
             "vllm_config": str(work / "vllm.yaml"),
             "max_tokens": 64,  # short turns; a tool call cut off here is still a call
         },
-        "agents": {"num_agents": 2, "max_turns": 4},
+        "workers": {"num_workers": 2},
+        "episode": {"max_turns": 4},
         "concurrency": EPISODES_IN_FLIGHT,
         "output": {"dir": str(work / "out"), "flush_interval_s": 1.0},
         "ray": {"serve_port": serve_session},

@@ -125,7 +125,8 @@ def run(vllm_policy: Any, tmp_path: Path, tasks: list[dict], repeats: int, **pol
             "timeout_s": 120,
             **policy,
         },
-        "agents": {"num_agents": 2, "max_turns": 3},
+        "workers": {"num_workers": 2},
+        "episode": {"max_turns": 3},
         "output": {"dir": str(tmp_path / "out"), "flush_interval_s": 1.0},
         "ray": {"serve_port": vllm_policy.serve_port},
     }

@@ -7,7 +7,7 @@ import pytest
 from rayrollout.environments.booking.env import BookingEnv
 
 from rayrollout import RolloutEngine
-from rayrollout.data.config import AgentConfig, PolicyConfig
+from rayrollout.data.config import EpisodeConfig, PolicyConfig
 from rayrollout.data.schema import Task
 from rayrollout.data.tasks import read_tasks
 from rayrollout.engine.episode import EpisodeSpec, run_episode
@@ -79,7 +79,7 @@ async def test_the_database_is_released_when_the_episode_fails():
     dead = PolicyClient(PolicyConfig(timeout_s=0.5, max_retries=0), "http://127.0.0.1:9/v1")
     spec = EpisodeSpec(task=EXAMPLES[0])
     trajectory = await run_episode(
-        spec, BookingEnv, InlineSession(BookingEnv, spec.task), dead, AgentConfig()
+        spec, BookingEnv, InlineSession(BookingEnv, spec.task), dead, EpisodeConfig()
     )
     await dead.close()
     assert trajectory.status in ("error", "timeout")

@@ -11,7 +11,7 @@ both directions:
 
 * ``RemoteSession`` is the third ``EnvSession`` kind (beside inline and Serve): an episode
   played against a running resources server, so ``--env-url NAME=URL`` needs no change to
-  the episode loop. One ``NemoGymConnections`` per agent shares one connection pool; each
+  the episode loop. One ``NemoGymConnections`` per worker shares one connection pool; each
   episode has its own cookie jar, so the server's per-episode session never leaks between
   episodes. A server that answers ``/seed_session`` with 404 is taken for one of NeMo Gym's
   Gymnasium-style servers (``/reset``, ``/step``): the session then plays it by reset and
@@ -90,9 +90,9 @@ class RemoteEnvironment(Environment):
 
 
 class NemoGymConnections:
-    """One agent's HTTP connection pool, shared by all its remote episodes.
+    """One worker's HTTP connection pool, shared by all its remote episodes.
 
-    Created lazily inside the agent's event loop (aiohttp connectors bind to the loop that
+    Created lazily inside the worker's event loop (aiohttp connectors bind to the loop that
     first uses them); cookies are never kept here, only in each episode's session.
     """
 
@@ -188,7 +188,7 @@ class RemoteSession:
         url = f"{self.base_url}/{route}"
         client = self._client()
         # orjson, not aiohttp's json= (the standard library's encoder): about a tenth of an
-        # agent's CPU per URL episode went to encoding these bodies.
+        # worker's CPU per URL episode went to encoding these bodies.
         data = orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
         attempts = self.config.max_retries + 1 if retry else 1
         problem = ""

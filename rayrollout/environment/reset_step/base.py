@@ -2,7 +2,7 @@
 
 A source library's environment is synchronous (skyrl-gym's and GEM's ``make``, ``reset``,
 ``step`` and ``close`` are plain functions, some of them slow: a SQL query, a sandbox), so
-every call runs in a worker thread (``asyncio.to_thread``) and the agent's event loop keeps
+every call runs in a worker thread (``asyncio.to_thread``) and the worker's event loop keeps
 playing its other episodes meanwhile. One instance is one episode's session: ``setup`` makes
 the library's environment, ``close`` (run after every episode, failed ones included) closes
 it.
@@ -48,7 +48,7 @@ class ResetStepEnvironment(Environment):
     source: ClassVar[str] = ""
     module: ClassVar[str] = ""
     extra: ClassVar[str] = ""
-    default_hosting = "inline"  # the agent steps the instance itself: it lives in the agent
+    default_hosting = "inline"  # the agent steps the instance itself: it lives in the worker
 
     def __init__(self, task: Task) -> None:
         super().__init__(task)

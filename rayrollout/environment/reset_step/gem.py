@@ -13,7 +13,7 @@ without one each sample draws its own). ``env_kwargs`` go to ``gem.make``.
 
 GEM seeds Python's and NumPy's global random generators in ``reset`` and draws from them
 (``gem.utils.seeding``), so ``make`` and ``reset`` hold one lock per process: two episodes
-resetting at once on an agent's threads would otherwise swap their games.
+resetting at once on a worker's threads would otherwise swap their games.
 
 Install: ``pip install 'rayrollout[gem]'`` (gem-llm 0.1.0 pins reasoning-gym 0.1.23, so it
 installs beside rayrollout but not beside its ``dev`` or ``reasoning-gym`` extras, which need

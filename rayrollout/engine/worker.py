@@ -1,10 +1,11 @@
-"""Agent actors: async Ray actors that each run hundreds of episodes at once.
+"""Worker actors: async Ray actors that each play hundreds of episodes at once.
 
-The engine sends an agent chunks of episodes (one Ray call per chunk, not per episode); the
-agent runs every episode of a chunk concurrently on its event loop and streams finished
-ones back as Arrow batches ready for the writer (see ``chunks``). Environments are resolved
-lazily: inline ones are imported into the agent, Serve-hosted ones are reached through
-cached deployment handles.
+The engine sends a worker chunks of episodes (one Ray call per chunk, not per episode); the
+worker plays every episode of a chunk concurrently on its event loop, each with the agent
+(episode loop) its task names, and streams finished ones back as Arrow batches ready for the
+writer (see ``chunks``). Agents and environments are resolved lazily: an agent is built once
+per worker, inline environments are imported into the worker, Serve-hosted ones are reached
+through cached deployment handles.
 """
 
 from __future__ import annotations
@@ -38,25 +39,28 @@ from rayrollout.gc_tuning import tune_gc
 from rayrollout.policy.client import PolicyClient
 from rayrollout.policy.gate import PauseMode, PolicyGate
 
-__all__ = ["AgentActor", "agent_name", "agent_share"]
+__all__ = ["WORKER_PREFIX", "WorkerActor", "worker_name", "worker_share"]
+
+WORKER_PREFIX = "worker:"
+"""Worker actors are named ``worker:<i>`` in the run's namespace."""
 
 logger = logging.getLogger(__name__)
 _EPISODE_ATTEMPTS = 3  # tries of an episode whose environment replica died mid-episode
 _LINGER_S = 0.005  # episodes of a chunk finishing this close together go back as one batch
 
 
-def agent_name(index: int) -> str:
-    """Actor name of the i-th agent in a run's namespace."""
-    return f"agent:{index}"
+def worker_name(index: int) -> str:
+    """Actor name of the i-th worker in a run's namespace."""
+    return f"{WORKER_PREFIX}{index}"
 
 
-def agent_share(concurrency: int, num_agents: int, index: int) -> int:
-    """Episodes the i-th agent may run at once: the shares add up to ``concurrency``."""
-    return max(1, concurrency // num_agents + (1 if index < concurrency % num_agents else 0))
+def worker_share(concurrency: int, num_workers: int, index: int) -> int:
+    """Episodes the i-th worker may run at once: the shares add up to ``concurrency``."""
+    return max(1, concurrency // num_workers + (1 if index < concurrency % num_workers else 0))
 
 
-class AgentRunner:
-    """The agent's logic, usable without Ray (tests, benchmarks of the bare loop)."""
+class WorkerRunner:
+    """The worker's logic, usable without Ray (tests, benchmarks of the bare loop)."""
 
     def __init__(
         self,
@@ -68,25 +72,25 @@ class AgentRunner:
     ) -> None:
         self.name = name
         self.config = config
-        # One connection per episode this agent may hold in flight, so no call queues for one.
-        per_agent = -(-config.concurrency // config.agents.num_agents)
+        # One connection per episode this worker may hold in flight, so no call queues for one.
+        per_worker = -(-config.concurrency // config.workers.num_workers)
         # The engine sends more episodes than may run (so that no slot idles while a batch
         # of rows makes its round trip to the engine and the next chunk comes back); this
-        # agent starts at most its share of ``concurrency`` at once, the rest wait here.
-        self.running = asyncio.Semaphore(max_running or per_agent)
+        # worker starts at most its share of ``concurrency`` at once, the rest wait here.
+        self.running = asyncio.Semaphore(max_running or per_worker)
         # Every model call passes the gate: pause/resume for weight updates, versions per turn.
         self.gate = PolicyGate(config.training.max_staleness)
         # The key as data, never in this process's environment (engine/secret_env.py): tool
         # subprocesses of inline environments inherit that environment.
         key = policy_key.get_secret_value() if policy_key is not None else None
-        self.policy = PolicyClient(config.policy, policy_url, per_agent + 16, self.gate, key)
+        self.policy = PolicyClient(config.policy, policy_url, per_worker + 16, self.gate, key)
         self.handles: dict[str, Any] = {}
         self.env_classes: dict[str, type[Environment]] = {}  # by registered name, once loaded
         self.batchers: dict[str, BatchingHandle] = {}
         self.remote = NemoGymConnections()
-        self.agents: dict[str, Agent] = {}  # by registered name, built once per actor
+        self.agents: dict[str, Agent] = {}  # by registered name, built once per worker
         # The recording gateway of programs that call the model themselves (the program
-        # agent): one server per actor, bound only when an episode first opens it.
+        # agent): one server per worker, bound only when an episode first opens it.
         self.gateway: GatewayOpener | None = Gateway()
 
     def _agent(self, name: str) -> Agent:
@@ -122,16 +126,16 @@ class AgentRunner:
         handle = self.handles.get(env_name)
         if handle is None:
             # Imported here, not at the top: Ray Serve and the environment server are about
-            # 0.7 s of imports in every agent, and a run with inline or URL environments
+            # 0.7 s of imports in every worker, and a run with inline or URL environments
             # never touches them (its first episode starts that much sooner).
             from ray import serve
 
             from rayrollout.environment.server import environment_app_name
 
             # Serve's first import in a process sets its logger to INFO, so a level set in
-            # the constructor was undone here, and each agent's router lines ("Started
+            # the constructor was undone here, and each worker's router lines ("Started
             # <SharedRouterLongPollClient>", "ConsistentHashRouter initialized") went to the
-            # driver; Ray held the second agent's copy back as a repeat and printed it after
+            # driver; Ray held the second worker's copy back as a repeat and printed it after
             # the run's summary. Set after the import, WARNING holds.
             logging.getLogger("ray.serve").setLevel(logging.WARNING)
 
@@ -146,7 +150,7 @@ class AgentRunner:
         )
 
     async def run_admitted(self, spec: EpisodeSpec) -> dict[str, Any]:
-        """``run_one`` once one of this agent's running slots is free."""
+        """``run_one`` once one of this worker's running slots is free."""
         async with self.running:
             return await self.run_one(spec)
 
@@ -173,7 +177,7 @@ class AgentRunner:
                 env_cls,
                 session,
                 self.policy,
-                self.config.agents,
+                self.config.episode,
                 self.name,
                 episode_id,
                 agent,
@@ -198,7 +202,7 @@ class AgentRunner:
     ) -> AsyncIterator[tuple[list[int], list[dict[str, Any]]]]:
         """Run a chunk of episodes concurrently; yield ``(indices, rows)`` as they finish,
         one row per episode, failures included. ``policy_state`` (version, paused) is the
-        engine's, for an agent that restarted.
+        engine's, for a worker that restarted.
 
         A chunk's slow episode no longer holds the finished ones back: with episode times as
         uneven as RL rollouts' (a long tool call, a model that talks for ten turns), waiting
@@ -221,13 +225,13 @@ class AgentRunner:
 
 
 @ray.remote(max_restarts=-1, max_task_retries=0)
-class AgentActor:
-    """One agent of the pool (named ``agent:<i>`` in the run's namespace).
+class WorkerActor:
+    """One worker of the pool (named ``worker:<i>`` in the run's namespace).
 
-    ``policy_key`` is the driver's policy API key (``secrets.policy_key``): the agent is
+    ``policy_key`` is the driver's policy API key (``secrets.policy_key``): the worker is
     the only process that calls the policy, so the only one given it. Ray keeps it with the
-    actor's constructor arguments, so a restarted agent has it again. ``max_running`` is
-    this agent's share of the run's ``concurrency`` (``agent_share``).
+    actor's constructor arguments, so a restarted worker has it again. ``max_running`` is
+    this worker's share of the run's ``concurrency`` (``worker_share``).
     """
 
     def __init__(
@@ -238,11 +242,11 @@ class AgentActor:
         policy_key: SecretStr | None = None,
         max_running: int | None = None,
     ) -> None:
-        self.runner = AgentRunner(name, config, policy_url, policy_key, max_running)
+        self.runner = WorkerRunner(name, config, policy_url, policy_key, max_running)
         # Arrow imports pandas and its compute functions at the first table it builds: here,
-        # not in the first chunk, where it held every episode of the agent for a second.
+        # not in the first chunk, where it held every episode of the worker for a second.
         ChunkRows.from_rows([], [])
-        tune_gc()  # about a fifth of an agent's CPU went to the collector (gc_tuning)
+        tune_gc()  # about a fifth of a worker's CPU went to the collector (gc_tuning)
 
     async def run(
         self, specs: list[EpisodeSpec], policy_state: tuple[int, bool] | None = None
@@ -252,14 +256,14 @@ class AgentActor:
             yield ChunkRows.from_rows(rows, indices)
 
     async def pause(self, mode: PauseMode) -> int:
-        """Hold this agent's new model calls (see ``policy_gate``); returns calls in flight."""
+        """Hold this worker's new model calls (see ``policy_gate``); returns calls in flight."""
         return await self.runner.gate.pause(mode)
 
     def resume(self, version: int) -> None:
         self.runner.gate.resume(version)
 
     def policy_calls(self) -> dict[str, Any]:
-        """This agent's gate: version, paused, calls in flight, held, aborted, stale restarts."""
+        """This worker's gate: version, paused, calls in flight, held, aborted, stale restarts."""
         return self.runner.gate.snapshot()
 
     def ready(self) -> str:
