@@ -125,6 +125,24 @@ def ray_session() -> Iterator[None]:
     ray.shutdown()
 
 
+@pytest.fixture(autouse=True)
+def serve_apps_deleted(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The Serve applications a test deployed are deleted after it. The session's Ray and
+    Serve are shared, and every replica left behind (a test's policy, its environments) holds
+    about 200 MB and keeps polling: dozens of them slow every later test on 2 cores.
+    Applications that a module- or session-scoped fixture deployed were there before the
+    test, so they stay for the tests that share them."""
+    if "serve_session" not in request.fixturenames:
+        yield
+        return
+    from ray import serve
+
+    before = set(serve.status().applications)
+    yield
+    for name in set(serve.status().applications) - before:
+        serve.delete(name, _blocking=False)  # the controller tears it down beside the next test
+
+
 @pytest.fixture(scope="session")
 def serve_session(ray_session: None) -> int:
     """Ray Serve with its HTTP proxy on a free loopback port; returns the port."""
