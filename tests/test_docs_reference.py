@@ -129,7 +129,10 @@ def test_the_checks_name_a_field_or_command_missing_from_a_page():
     assert missing_config_fields(without) == ["policy.timeout_s"]
     cli = (REFERENCE / "cli.md").read_text()
     without_resume = "\n".join(line for line in cli.splitlines() if "`--resume`" not in line)
-    assert missing_cli_entries(without_resume) == ["rayrollout collect --resume"]
+    assert missing_cli_entries(without_resume) == [
+        "rayrollout collect --resume",
+        "rayrollout up --resume",
+    ]
     head, _, rest = cli.partition("\n## `rayrollout demo`")
     without_demo = head + rest.partition("\n## ")[1] + rest.partition("\n## ")[2]
     assert "rayrollout demo" in missing_cli_entries(without_demo)

@@ -179,7 +179,7 @@ NOT_ERRORS = {
     # answer by its middleware: control flow inside one server, never seen by a caller.
     "rayrollout.agent.gateway._HttpError",
     # The same for the rollout service's routes (rayrollout/api/service/routes.py).
-    "rayrollout.api.service.core.HttpError",
+    "rayrollout.api.service.engine_link.HttpError",
 }
 
 

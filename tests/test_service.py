@@ -339,6 +339,40 @@ def test_nemo_gym_routes_go_without_a_token_only_where_the_config_says(service):
     assert figures["agent_metrics"]["num_rollouts"] == 2
 
 
+def test_a_submit_past_max_open_batches_is_a_429_that_the_client_raises_and_nothing_starts(
+    service,
+):
+    """A second service on the module's engine holding one open batch at most: a batch
+    nobody reads keeps it full; the next submit answers 429 (``ServiceBusyError``, not
+    retried); once the first batch is read to its end, the same submit is accepted anew."""
+    import ray
+    from pydantic import SecretStr
+
+    from rayrollout.api.service.actor import ServiceActor
+    from rayrollout.client import ServiceBusyError
+
+    settings = {"max_open_batches": 1, "port": 0}
+    config = service["config"].model_copy(
+        update={"service": service["config"].service.model_copy(update=settings)}
+    )
+    actor = ServiceActor.options(name="service-busy", namespace=NAMESPACE).remote(
+        config, SecretStr(service["token"])
+    )
+    try:
+        busy = RolloutClient(ray.get(actor.start.remote()), service["token"], retries=3)
+        held = busy.submit(rows("full", 2), n=2)  # open until its rows are read
+        with pytest.raises(ServiceBusyError, match="max_open_batches=1") as refused:
+            busy.submit(rows("next", 1), n=2, batch_id="after-429")
+        assert refused.value.status == 429
+        assert keys(list(busy.stream(held.batch_id))) == expected("full", 2, 2)
+        accepted = busy.submit(rows("next", 1), n=2, batch_id="after-429")
+        assert accepted.created  # the 429 had started nothing under this id
+        assert keys(list(busy.stream("after-429"))) == expected("next", 1, 2)
+    finally:
+        ray.get(actor.close.remote())
+        ray.kill(actor)
+
+
 def test_the_raw_protocol_names_cursors_and_ends_with_an_end_line(service, client):
     batch = client.submit(rows("raw", 1), n=2)
     host, port = service["url"].removeprefix("http://").split(":")
@@ -373,6 +407,8 @@ def test_the_engine_gone_reads_as_engine_gone(tmp_path):
 
         def stats(self) -> None: ...
 
+        def claim_samples(self, ends: dict) -> None: ...
+
         def stream(self, specs: list, write: bool):  # a generator, as the engine's
             yield []
 
@@ -390,12 +426,16 @@ def test_the_engine_gone_reads_as_engine_gone(tmp_path):
     ray.get(engine.ready.remote())
     try:
         url = start_service(config, SecretStr("gone-token"))
-        client = RolloutClient(url, "gone-token", retries=1, backoff_s=0.01)
+        client = RolloutClient(url, "gone-token", retries=1, backoff_s=0.01, restart_wait_s=0)
         ray.kill(engine)
         with pytest.raises(EngineGoneError, match="engine actor is gone"):
             client.stats()
-        with pytest.raises(EngineGoneError, match="engine actor died"):
+        with pytest.raises(EngineGoneError, match="engine actor is gone.*up --resume"):
             list(client.stream(client.submit(rows("g", 1)).batch_id))
+        # A client that waits for a new engine gives up after restart_wait_s, saying so.
+        waiting = RolloutClient(url, "gone-token", retries=1, backoff_s=0.01, restart_wait_s=1)
+        with pytest.raises(EngineGoneError, match="no engine came back in restart_wait_s=1"):
+            list(waiting.stream(waiting.submit(rows("g2", 1)).batch_id))
     finally:
         down(namespace)
     with pytest.raises(EngineGoneError, match="no rollout service answered"):

@@ -21,15 +21,18 @@ from collections import defaultdict
 from typing import Any
 
 import ray
+from pydantic import SecretStr
 from ray import serve
 
 from rayrollout.api.rollout_engine import EngineExistsError, RolloutEngine
 from rayrollout.api.service.actor import SERVICE_NAME, ServiceActor
+from rayrollout.api.service.journal import refuse_open_journals
+from rayrollout.auth import read_token_file
 from rayrollout.data.config import RunConfig
 from rayrollout.engine.actor import ENGINE_NAME
 from rayrollout.engine.placement import cpu_actor_options
 from rayrollout.engine.secret_env import route_token_path
-from rayrollout.engine.services import policy_app_name
+from rayrollout.engine.services import ensure_ray, policy_app_name
 from rayrollout.engine.worker import WORKER_PREFIX
 from rayrollout.environment.server import environment_app_name
 from rayrollout.errors import ClusterError
@@ -119,15 +122,38 @@ def start_detached(config: RunConfig) -> Any:
 
     It is ``RolloutEngine.start(detached=True)``: one way to start an engine, one error.
     The HTTP service starts beside it with the run's route token (``service.enabled``).
+    After the engine died, ``up`` starts a new one: a service still up keeps serving (and
+    finds it by name), and keeps its token; with ``resume`` the run's token is kept too,
+    and a new service answers the batches journaled in the output folder.
 
     Raises:
         EngineExistsError: an engine already runs in the namespace (``rayrollout down``
             first).
+        OpenJournalsError: no service is up, the folder holds unfinished batches of an
+            earlier one, and ``resume`` is not set; nothing was started.
     """
-    driver = RolloutEngine(config).start(run_id=time.strftime("up-%Y%m%d-%H%M%S"), detached=True)
-    if driver.config.service.enabled:
+    ensure_ray(config)
+    service = _live_service(config.namespace)
+    if config.service.enabled and service is None:
+        refuse_open_journals(config.output.dir, config.resume)
+    driver = RolloutEngine(config)
+    token_file = route_token_path(config.namespace)
+    if (config.resume or service is not None) and token_file.exists():
+        driver.route_token = SecretStr(read_token_file(token_file))  # what clients hold
+    driver.start(run_id=time.strftime("up-%Y%m%d-%H%M%S"), detached=True)
+    if driver.config.service.enabled and service is None:
         start_service(driver.config, driver.route_token)
     return driver.engine
+
+
+def _live_service(namespace: str) -> Any:
+    """The namespace's HTTP service when it is up and answering, else None."""
+    try:
+        service = ray.get_actor(SERVICE_NAME, namespace=namespace)
+        ray.get(service.describe.remote(), timeout=30)
+    except Exception:  # none by that name, or one that died with its name not yet freed
+        return None
+    return service
 
 
 def start_service(config: RunConfig, route_token: Any) -> str:
@@ -168,7 +194,24 @@ def status(namespace: str) -> dict[str, Any]:
     for name, app in serve.status().applications.items():
         if name.startswith(prefix):
             apps[name] = {"status": str(app.status.value), "replicas_per_node": {}}
-    actors = list_actors(detail=True, filters=[("state", "=", "ALIVE")], limit=10_000)
+    # The state API finds its cluster on its own, and refuses a machine running several
+    # Rays: name the one this process is connected to. A Ray started without its dashboard
+    # has no state API: the listing goes on without the nodes (say so, rather than fail
+    # an `up` whose services all started).
+    address = ray.get_runtime_context().gcs_address
+    listed: dict[str, Any] = {}
+    try:
+        actors = list_actors(
+            address=address, detail=True, filters=[("state", "=", "ALIVE")], limit=10_000
+        )
+    except Exception as exc:
+        actors = []
+        listed["nodes_unknown"] = f"Ray's state API did not answer ({type(exc).__name__})"
+        listed["workers"] = {
+            info["name"]: None
+            for info in ray.util.list_named_actors(all_namespaces=True)
+            if info["namespace"] == namespace and info["name"].startswith(WORKER_PREFIX)
+        }
     per_node: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     workers: dict[str, str] = {}
     for actor in actors:
@@ -206,6 +249,7 @@ def status(namespace: str) -> dict[str, Any]:
         "service": service_state,
         "apps": apps,
         "workers": workers,
+        **listed,
     }
 
 

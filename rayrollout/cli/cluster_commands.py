@@ -74,6 +74,16 @@ def up(
             show_default="--config's service.port, else 0",
         ),
     ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Start again after the engine (or the service too) died: keep the run's "
+            "token, and answer a trainer re-submitting an unfinished batch with what was "
+            "finished (journaled in the output folder). Without it, an output folder holding "
+            "unfinished batches of a service now gone is refused.",
+        ),
+    ] = False,
 ) -> None:
     """Start the policy, the environments, a detached engine and the HTTP rollout service;
     collect then attaches to the engine, trainers without Ray reach it over HTTP."""
@@ -86,6 +96,7 @@ def up(
         join=False,
         service__host=service_host,
         service__port=service_port,
+        resume=resume,
     )
     try:
         state = cluster_up(run_config)

@@ -49,6 +49,7 @@ class AsyncRolloutClient:
         timeout_s: float = 60.0,
         retries: int = 6,
         backoff_s: float = 0.2,
+        restart_wait_s: float = 120.0,
     ) -> None:
         self.sync = RolloutClient(
             url,
@@ -57,6 +58,7 @@ class AsyncRolloutClient:
             timeout_s=timeout_s,
             retries=retries,
             backoff_s=backoff_s,
+            restart_wait_s=restart_wait_s,
         )
 
     @property
@@ -71,6 +73,7 @@ class AsyncRolloutClient:
         batch_id: str | None = None,
         write: bool | None = None,
         skip_invalid: bool = False,
+        resubmit: bool = False,
     ) -> BatchStatus:
         """``RolloutClient.submit``."""
         return await asyncio.to_thread(
@@ -80,6 +83,7 @@ class AsyncRolloutClient:
             batch_id=batch_id,
             write=write,
             skip_invalid=skip_invalid,
+            resubmit=resubmit,
         )
 
     async def batch(self, batch_id: str) -> BatchStatus:

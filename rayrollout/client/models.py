@@ -73,6 +73,12 @@ class SubmitRequest(_Request):
         description="Run the valid rows and list the bad ones in the answer's 'rejected' "
         "(default: any bad row refuses the whole submit with 400, nothing started).",
     )
+    resubmit: bool = Field(
+        default=False,
+        description="This client already streamed rows of the batch and sends it again to "
+        "finish it (after an engine restart): a service that no longer knows the batch "
+        "answers 404 and starts nothing, rather than running it anew under new samples.",
+    )
 
 
 class RowError(_Answer):
@@ -109,6 +115,11 @@ class BatchStatus(_Answer):
     running: int = Field(description="Samples sent to the engine and not finished.")
     done: bool = Field(description="Every sample finished.")
     error: str | None = Field(default=None, description="Why the batch cannot finish.")
+    engine_gone: bool = Field(
+        default=False,
+        description="The engine died under the batch: a re-submit (same id, same tasks) "
+        "finishes it once a new engine is up (`rayrollout up --resume`).",
+    )
     rejected: list[RowError] = Field(default_factory=list)
     limits: Limits
 

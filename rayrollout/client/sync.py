@@ -14,6 +14,12 @@ yielded, which lets the service run more of the batch (the service holds at most
 its batch, never the service's memory). A process that dies and starts again passes the
 ``cursor`` it had reached (``item.cursor + 1``), kept with its own checkpoint.
 
+An engine that dies under a batch this client submitted is ridden out: the stream sends
+the batch again (same id, same tasks: the service answers it from what it kept, or from
+its journal in the output folder, and runs only the samples without a row) until a new
+engine is up (``rayrollout up --resume``), for at most ``restart_wait_s``, and goes on
+from its cursor.
+
 Example:
     >>> from rayrollout.client import RolloutClient
     >>> token_file = "~/.rayrollout/route-tokens/rayrollout"
@@ -27,14 +33,16 @@ Example:
 from __future__ import annotations
 
 import json
+import time
 import urllib.parse
 import uuid
+from collections import OrderedDict
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
 from rayrollout.auth import read_token_file
-from rayrollout.client.errors import EngineGoneError, ServiceError
+from rayrollout.client.errors import BatchNotFoundError, EngineGoneError, ServiceError
 from rayrollout.client.models import (
     BatchStatus,
     EngineStats,
@@ -49,6 +57,7 @@ from rayrollout.client.transport import CONNECTION_ERRORS, Transport
 __all__ = ["RolloutClient"]
 
 STREAM_TIMEOUT_S = 60.0  # the service sends a keepalive line every few seconds of silence
+_SUBMITS_KEPT = 256  # submits remembered, to send again after an engine restart
 
 
 def read_token(token: str | None, token_file: str | Path | None) -> str | None:
@@ -69,6 +78,9 @@ class RolloutClient:
         retries: Tries after the first when the connection fails or the service answers
             502-504; then ``EngineGoneError``.
         backoff_s: First pause between tries, doubling (at most 5 s).
+        restart_wait_s: How long a stream of a batch this client submitted waits for its
+            engine (or service) to come back after it died, sending the batch again, before
+            it raises ``EngineGoneError``; 0: raise at once.
     """
 
     def __init__(
@@ -80,10 +92,13 @@ class RolloutClient:
         timeout_s: float = 60.0,
         retries: int = 6,
         backoff_s: float = 0.2,
+        restart_wait_s: float = 120.0,
     ) -> None:
         self.transport = Transport(
             url, read_token(token, token_file), timeout_s, retries, backoff_s
         )
+        self.restart_wait_s = restart_wait_s
+        self.submitted: OrderedDict[str, dict[str, Any]] = OrderedDict()  # by batch id
 
     @property
     def url(self) -> str:
@@ -97,23 +112,37 @@ class RolloutClient:
         batch_id: str | None = None,
         write: bool | None = None,
         skip_invalid: bool = False,
+        resubmit: bool = False,
     ) -> BatchStatus:
         """Queue ``n`` samples of each task row as one batch; returns it (``batch_id``).
+
+        Sent again with the same ``batch_id`` and tasks, it adds nothing (``created`` is
+        False): a batch whose engine died is finished by the service's new engine, the
+        rows it had kept answered as they were. ``resubmit=True`` says this process already
+        holds rows of the batch (a trainer restarted from its checkpoint): a service that
+        no longer knows the batch then refuses it (404) instead of starting it anew.
 
         Raises:
             BadRequestError: a bad row (its index and field in ``errors``; nothing started
                 unless ``skip_invalid``), or a bad argument.
             BatchConflictError: ``batch_id`` names a batch of other tasks.
+            BatchNotFoundError: ``resubmit`` and the service no longer knows the batch.
             ServiceBusyError: the service holds its limit of open batches.
         """
-        payload = {
-            "batch_id": batch_id or uuid.uuid4().hex,
+        batch_id = batch_id or uuid.uuid4().hex
+        payload: dict[str, Any] = {
+            "batch_id": batch_id,
             "tasks": tasks,
             "n": n,
             "write": write,
             "skip_invalid": skip_invalid,
         }
-        return BatchStatus.model_validate(self.transport.request("POST", "/v1/batches", payload))
+        self.submitted[batch_id] = payload
+        self.submitted.move_to_end(batch_id)
+        while len(self.submitted) > _SUBMITS_KEPT:
+            self.submitted.popitem(last=False)
+        answer = self.transport.request("POST", "/v1/batches", {**payload, "resubmit": resubmit})
+        return BatchStatus.model_validate(answer)
 
     def batch(self, batch_id: str) -> BatchStatus:
         """How far a batch got."""
@@ -136,15 +165,23 @@ class RolloutClient:
         Reconnects from where it stood when the connection drops; acknowledges what it
         yielded every ``ack_every`` rows (default: a quarter of the service's
         ``max_buffered_rows``), when it reconnects, and at the end (a batch whose rows are
-        all acknowledged stops counting against the service's ``max_open_batches``).
+        all acknowledged stops counting against the service's ``max_open_batches``). When
+        the engine (or the service) dies under a batch this client submitted, it sends the
+        batch again until a new one is up, for at most ``restart_wait_s``, and goes on from
+        its cursor: each ``(task_id, sample_index)`` is yielded once.
 
         Raises:
-            EngineGoneError: the service stayed unreachable, or the engine died.
+            EngineGoneError: the service stayed unreachable, or the engine died and no new
+                one came up in time (at once for a batch this client did not submit).
             BatchConflictError: ``cursor`` is below what was already acknowledged.
+            BatchNotFoundError: the service does not know the batch (after a restart: it
+                kept no journal of it).
         """
         acked, failures = cursor, 0
         seen: set[tuple[str, int]] = set()
         every = ack_every
+        outage: float | None = None  # when the service or its engine was first found gone
+        sent_again = False  # the batch was sent again since the last stream that opened
         while True:
             path = f"{_batch(batch_id)}/trajectories?cursor={cursor}"
             try:
@@ -152,8 +189,17 @@ class RolloutClient:
             except CONNECTION_ERRORS as exc:
                 failures += 1
                 if failures > self.transport.retries:
-                    raise self.transport.gone(failures, f"{type(exc).__name__}: {exc}") from None
+                    cause = f"{type(exc).__name__}: {exc}"
+                    outage = self._send_again(batch_id, cursor, outage, failures, cause)
+                    sent_again, failures = True, 0
+                    continue
                 self.transport.pause(failures - 1)
+                continue
+            except BatchNotFoundError:  # a service started again: it reads the batch back
+                if sent_again or batch_id not in self.submitted:
+                    raise
+                outage = self._send_again(batch_id, cursor, outage, failures, "404")
+                sent_again = True
                 continue
             acked = max(acked, cursor)  # the GET's cursor acknowledges what lies below it
             try:
@@ -163,12 +209,15 @@ class RolloutClient:
                     except CONNECTION_ERRORS as exc:
                         failures += 1
                         if failures > self.transport.retries:
-                            raise self.transport.gone(failures, repr(exc)) from None
+                            outage = self._send_again(batch_id, cursor, outage, failures, repr(exc))
+                            sent_again, failures = True, 0
                         break  # reconnect from the cursor
                     if not line.endswith(b"\n"):
                         failures += 1  # closed without its end line (or mid-line): dropped
                         if failures > self.transport.retries:
-                            raise self.transport.gone(failures, "stream closed early")
+                            cause = "stream closed early"
+                            outage = self._send_again(batch_id, cursor, outage, failures, cause)
+                            sent_again, failures = True, 0
                         break
                     if not line.strip():
                         continue  # keepalive
@@ -176,10 +225,18 @@ class RolloutClient:
                     if "batch" in message:  # the stream's first line: the batch and limits
                         status = BatchStatus.model_validate(message["batch"])
                         every = every or max(1, status.limits.max_buffered_rows // 4)
-                        failures = 0
+                        failures, sent_again = 0, False
+                        if not status.engine_gone:
+                            outage = None
                         continue
                     if "end" in message:
-                        _end(message["end"])
+                        end = message["end"]
+                        if end.get("engine_gone") and batch_id in self.submitted:
+                            cause = str(end.get("error"))
+                            outage = self._send_again(batch_id, cursor, outage, 0, cause)
+                            sent_again = True
+                            break  # the batch goes on, on the new engine
+                        _end(end)
                         if cursor > acked:  # the rest is consumed too: the batch settles
                             self.ack(batch_id, cursor)
                         return
@@ -190,11 +247,43 @@ class RolloutClient:
                     seen.add(item.trajectory.key)
                     yield item
                     if every and cursor - acked >= every:
-                        self.ack(batch_id, cursor)
+                        try:
+                            self.ack(batch_id, cursor)
+                        except (EngineGoneError, BatchNotFoundError):
+                            break  # the service went away: the reconnect's GET acknowledges
                         acked = cursor
             finally:
                 connection.close()
             self.transport.pause(max(0, failures - 1))
+
+    def _send_again(
+        self, batch_id: str, cursor: int, outage: float | None, tries: int, cause: str
+    ) -> float:
+        """The batch's service or engine is gone: send the batch again (the service answers
+        it once a new engine is up) until ``restart_wait_s`` has passed since ``outage``
+        began; returns when that began.
+
+        Raises:
+            EngineGoneError: the batch is not this client's to send again, or the time ran
+                out.
+        """
+        payload = self.submitted.get(batch_id)
+        if payload is None or self.restart_wait_s <= 0:
+            if tries:
+                raise self.transport.gone(tries, cause)
+            raise EngineGoneError(f"the batch cannot finish: {cause}")
+        began = time.monotonic() if outage is None else outage
+        while True:
+            try:
+                self.transport.request("POST", "/v1/batches", {**payload, "resubmit": cursor > 0})
+                return began
+            except EngineGoneError as exc:
+                if time.monotonic() - began >= self.restart_wait_s:
+                    raise EngineGoneError(
+                        f"batch {batch_id!r}: no engine came back in restart_wait_s="
+                        f"{self.restart_wait_s:g} ({cause}; then {exc})"
+                    ) from None
+                time.sleep(1.0)
 
     def wait(self, batch_id: str, cursor: int = 0) -> list[TrajectoryRow]:
         """The batch's rows once all are finished (in the order they finished)."""

@@ -13,6 +13,8 @@ A folder holds::
                                   Ray Data) skip names starting with '.'
     .lock                         flock'ed by the one process writing the folder
     _rejects.jsonl                task rows that ``--skip-invalid`` left out, with the reason
+    _batches/<batch_id>/          the rollout service's journal of a batch not yet settled
+                                  (``rayrollout.api.service.journal`` owns it)
 
 Parts of both formats may sit side by side (a run resumed with another ``--format``); every
 reader here reads both. Parquet parts are read under the current Arrow schema, not their

@@ -8,6 +8,12 @@ last row loses and repeats nothing. The rows kept plus the samples running never
 config's ``max_buffered_rows`` for a batch: ``room`` is what the feeder may still send. A row
 whose ``(task_id, sample_index)`` the batch has already seen is dropped (the engine answers
 each sample once; this is the boundary's own guarantee).
+
+Every row goes to the batch's journal (``journal``) before any stream sees it, so a batch
+whose engine died keeps its rows and cursors: ``revive`` runs only the samples without a row
+on a new engine, and a service started again loads the batch back from its journal
+(``load``). Each revival is a new ``generation``: the failures of the dead engine's calls,
+still arriving, are not the revived batch's.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import time
 from collections import deque
 from typing import Any
 
+from rayrollout.api.service.journal import BatchJournal
 from rayrollout.client.models import Limits, RowError
 from rayrollout.engine.episode import EpisodeSpec
 from rayrollout.engine.streaming import StreamedRow
@@ -51,9 +58,13 @@ class Batch:
         digest: str,
         rejected: list[RowError],
         limits: Limits,
+        journal: BatchJournal | None = None,
     ) -> None:
         self.batch_id, self.tasks, self.n, self.write = batch_id, tasks, n, write
         self.digest, self.rejected, self.limits = digest, rejected, limits
+        self.specs = specs  # every sample, kept to run again what a dead engine left
+        self.journal = journal
+        self.generation = 0  # moves on each revival: the dead engine's calls are past ones
         self.unsent: deque[EpisodeSpec] = deque(specs)
         self.samples = len(specs)
         self.sent = 0
@@ -83,33 +94,66 @@ class Batch:
         return self.limits.max_buffered_rows - (self.sent - self.acknowledged)
 
     def add(self, rows: list[StreamedRow]) -> None:
-        """Finished rows from the engine, each under the next cursor."""
+        """Finished rows from the engine, each under the next cursor, journaled first."""
+        lines: list[bytes] = []
         for task_id, sample_index, row in rows:
             key = (task_id, sample_index)
             if key in self.keys:
                 continue
             self.keys.add(key)
-            self.lines.append(b'{"cursor":%d,"trajectory":%s}\n' % (self.finished, row))
-            self.finished += 1
+            lines.append(b'{"cursor":%d,"trajectory":%s}\n' % (self.finished + len(lines), row))
+        if lines:
+            if self.journal is not None:
+                self.journal.append(lines)
+            self.lines.extend(lines)
+            self.finished += len(lines)
         self._settle()
         self._notify()
 
-    def fail(self, error: str, engine_gone: bool = False) -> None:
-        """The batch cannot finish (its streams end saying why)."""
+    def fail(self, error: str, engine_gone: bool = False, generation: int | None = None) -> None:
+        """The batch cannot finish (its streams end saying why); a call of an earlier
+        ``generation`` (a dead engine's) no longer speaks for it."""
+        if generation is not None and generation != self.generation:
+            return
         if self.error is None:
             self.error, self.engine_gone = error, engine_gone
             self._notify()
+
+    def missing(self) -> deque[EpisodeSpec]:
+        """The samples without a row yet, in submit order."""
+        return deque(s for s in self.specs if (s.task.task_id, s.sample_index) not in self.keys)
+
+    def revive(self) -> None:
+        """After the engine died: what has no row runs again; rows and cursors stay."""
+        self.generation += 1
+        self.unsent = self.missing()
+        self.sent = self.finished
+        self.error, self.engine_gone = None, False
+        self._notify()
+
+    def load(self, lines: list[bytes], keys: list[tuple[str, int]], acked: int) -> None:
+        """Rows read back from the batch's journal (a service started again): they keep
+        their cursors, and only the samples without a row will run."""
+        self.keys = set(keys)
+        self.finished, self.acknowledged = len(lines), acked
+        self.lines = deque(lines[acked:])
+        self.unsent = self.missing()
+        self.sent = self.finished
+        self._settle()
 
     def acknowledge(self, cursor: int) -> None:
         """The client holds every row below ``cursor``: free them, and make room."""
         if self.deleted:
             return
         cursor = min(cursor, self.finished)
-        while self.acknowledged < cursor:
-            self.lines.popleft()
-            self.acknowledged += 1
+        if cursor > self.acknowledged:
+            while self.acknowledged < cursor:
+                self.lines.popleft()
+                self.acknowledged += 1
+            if self.journal is not None:
+                self.journal.acknowledge(self.acknowledged)
+            self._notify()
         self._settle()
-        self._notify()
 
     def lines_from(self, cursor: int) -> list[bytes]:
         """The framed rows from ``cursor`` on that have finished so far."""
@@ -136,6 +180,13 @@ class Batch:
     def _settle(self) -> None:
         if self.settled_at is None and self.done and self.acknowledged == self.samples:
             self.settled_at = time.monotonic()
+            self.forget_journal()
+
+    def forget_journal(self) -> None:
+        """The batch needs no journal any more (settled or deleted)."""
+        if self.journal is not None:
+            self.journal.remove()
+            self.journal = None
 
     def status(self, created: bool = False) -> dict[str, Any]:
         return {
@@ -149,6 +200,7 @@ class Batch:
             "running": self.sent - self.finished,
             "done": self.done,
             "error": self.error,
+            "engine_gone": self.engine_gone,
             "rejected": [r.model_dump() for r in self.rejected],
             "limits": self.limits.model_dump(),
         }
@@ -184,6 +236,7 @@ class BatchRegistry:
         adds nothing."""
         batch.deleted = True
         batch.lines.clear()
+        batch.forget_journal()
         batch.fail("the batch was deleted")
         if batch.settled_at is None:
             batch.settled_at = time.monotonic()

@@ -1,13 +1,17 @@
-"""What the rollout service does for each call, apart from HTTP: checks a submit, feeds its
-batch to the engine within the batch's bound, frames the stream, forwards the training-loop
-calls to the engine actor.
+"""What the rollout service does for each call, apart from HTTP: checks a submit
+(``submit_rows``), feeds its batch to the engine within the batch's bound, frames the
+stream, forwards the training-loop calls to the engine actor (``engine_link``).
 
-A submit is checked whole before anything runs: every row parsed as a task file row (the
-same ``parse_task_row`` as ``collect``), ids unique, environments and agents known; a bad row
-is a 400 naming its index in ``tasks`` and its field, nothing started (or, with
-``skip_invalid``, the rest runs and the answer lists it). The batch's samples go to the
-engine's ``stream`` in slices, at most ``max_buffered_rows`` of them running or finished
-and unacknowledged at once; rows come back as JSON lines, framed under their cursors.
+The batch's samples go to the engine's ``stream`` in slices, at most ``max_buffered_rows``
+of them running or finished and unacknowledged at once; rows come back as JSON lines,
+framed under their cursors, each journaled before it is streamed (``journal``).
+
+A batch whose engine died ends its streams saying so (``engine_gone``) and keeps its rows;
+once ``rayrollout up --resume`` has started a new engine, a re-submit of the batch (same id,
+same tasks) runs only the samples without a row (``revive``). A service started again over
+the folder (``up --resume`` after it was gone too) reads a re-submitted batch back from its
+journal (``reload``). For a batch that writes to the folder, the journaled rows the dead
+engine had not yet put in a part are written by the new one first.
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from pydantic import ValidationError
-from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
-from rayrollout.api.preflight import check_agent, environment_known
 from rayrollout.api.service.batches import Batch, BatchRegistry, CursorGoneError, fingerprint
+from rayrollout.api.service.engine_link import EngineLink, HttpError, died, engine_error
+from rayrollout.api.service.journal import BatchJournal, JournalState, journal_root
+from rayrollout.api.service.submit_rows import RowChecker
 from rayrollout.client.models import (
     Limits,
     PauseRequest,
@@ -32,23 +37,14 @@ from rayrollout.client.models import (
 )
 from rayrollout.data.config import RunConfig
 from rayrollout.data.schema import Task
-from rayrollout.data.tasks import InvalidTaskError, UniqueTaskIds, parse_task_row
 from rayrollout.engine.episode import EpisodeSpec
-from rayrollout.errors import InputError, RayrolloutError
 
-__all__ = ["HttpError", "RolloutService", "limits_of"]
+__all__ = ["HttpError", "RolloutService", "engine_error", "limits_of"]
 
 SLICE = 1024  # samples per engine.stream call: one Ray call, fewer items, for many episodes
 KEEPALIVE_S = 5.0  # a silent stream sends an empty line this often (dead peers show)
 _WEIGHT_ANSWERS = 256  # update_weights answers kept by request id, for retried requests
-
-
-class HttpError(RayrolloutError, RuntimeError):
-    """A call the service refuses: its HTTP status and a JSON body with ``detail``."""
-
-    def __init__(self, status: int, detail: str, **extra: Any) -> None:
-        super().__init__(detail)
-        self.status, self.body = status, {"detail": detail, **extra}
+_DEAD_FEEDER_S = 30.0  # how long a revival waits for the dead engine's calls to fail
 
 
 def limits_of(config: RunConfig) -> Limits:
@@ -69,25 +65,18 @@ def _invalid(exc: ValidationError, prefix: str = "") -> HttpError:
     return HttpError(400, f"field '{field}': {first['msg']}", field=field)
 
 
-def engine_error(exc: BaseException) -> HttpError:
-    """An engine call's failure: its own refusal (400/500 with its message), or 503 gone."""
-    if isinstance(exc, RayActorError | ActorUnavailableError):
-        return HttpError(503, f"the engine actor is gone ({type(exc).__name__}): `rayrollout up`")
-    cause = exc.cause if isinstance(exc, RayTaskError) else exc
-    status = 400 if isinstance(cause, ValueError | InputError) else 500
-    return HttpError(status, f"{type(cause).__name__}: {cause}")
-
-
 class RolloutService:
-    """The service's state: the engine's handle, the batches, answers kept for retries."""
+    """The service's state: the engine, the batches, answers kept for retries."""
 
     def __init__(self, config: RunConfig, engine: Any) -> None:
-        self.config, self.engine = config, engine
+        self.config = config
+        self.link = EngineLink(config, engine)
+        self.rows = RowChecker(config)
+        self.journals = journal_root(config.output.dir)
         self.limits = limits_of(config)
         self.registry = BatchRegistry(config.service.max_open_batches, config.service.retain_s)
         self.submitting: dict[str, asyncio.Future[None]] = {}
         self.weight_answers: OrderedDict[str, asyncio.Future[dict[str, Any]]] = OrderedDict()
-        self.known_names: dict[tuple[str, str], str | None] = {}  # (kind, name) -> problem
 
     # Batches.
 
@@ -114,135 +103,173 @@ class RolloutService:
         while request.batch_id in self.submitting:  # the same submit, sent again meanwhile
             await asyncio.shield(self.submitting[request.batch_id])
         digest = fingerprint(request.tasks, request.n, request.write)
+        self.submitting[request.batch_id] = asyncio.get_running_loop().create_future()
+        try:
+            return await self._submit(request, digest)
+        finally:
+            self.submitting.pop(request.batch_id).set_result(None)
+
+    async def _submit(self, request: SubmitRequest, digest: str) -> tuple[int, dict[str, Any]]:
         known = self.registry.known(request.batch_id)
         if known is not None:
-            if known.digest != digest:
-                raise HttpError(
-                    409,
-                    f"batch id {request.batch_id!r} was submitted with other tasks: a retry "
-                    "sends the same tasks, a new batch takes a new id",
-                )
+            _same(request.batch_id, known.digest, digest)
+            if known.engine_gone and not known.deleted:
+                await self.revive(known)
             return 200, known.status(created=False)
+        loaded = await asyncio.to_thread(BatchJournal.load, self.journals, request.batch_id)
+        if loaded is not None:
+            _same(request.batch_id, loaded[1].meta.get("digest"), digest)
+            self._room_for_a_batch()
+            batch = await self.reload(request, *loaded)
+            return 200, batch.status(created=False)
+        if request.resubmit:
+            raise HttpError(
+                404,
+                f"no batch {request.batch_id!r} to resume: this service holds it neither in "
+                f"memory nor in a journal under {self.journals} (deleted, settled, or the "
+                "service started over another folder); nothing was started",
+            )
+        self._room_for_a_batch()
+        batch = await self._new_batch(request, digest)
+        return 201, batch.status(created=True)
+
+    def _room_for_a_batch(self) -> None:
         if self.registry.open_count() >= self.limits.max_open_batches:
             raise HttpError(
                 429,
                 f"the service holds max_open_batches={self.limits.max_open_batches} batches "
                 "with work left or rows unacknowledged: read (or DELETE) one first",
             )
-        self.submitting[request.batch_id] = asyncio.get_running_loop().create_future()
-        try:
-            batch = await self._new_batch(request, digest)
-        finally:
-            self.submitting.pop(request.batch_id).set_result(None)
-        return 201, batch.status(created=True)
+
+    async def _tasks(self, request: SubmitRequest) -> tuple[list[Task], list[RowError]]:
+        """The submit's rows as tasks: a bad row refuses it whole unless ``skip_invalid``."""
+        return await asyncio.to_thread(self.rows.tasks, request.tasks, request.skip_invalid)
 
     async def _new_batch(self, request: SubmitRequest, digest: str) -> Batch:
-        tasks, rejected = await asyncio.to_thread(self._parse, request.tasks)
-        if rejected and not request.skip_invalid:
-            first = rejected[0]
-            more = f"; {len(rejected) - 1} more bad rows in 'errors'" if len(rejected) > 1 else ""
-            raise HttpError(
-                400,
-                f"{_where(first)}: {first.message}{more}. Nothing was started",
-                errors=[r.model_dump() for r in rejected],
-            )
+        tasks, rejected = await self._tasks(request)
         write = self.config.training.write_trajectories if request.write is None else request.write
         first_index: dict[str, int] = {}
         if write and tasks:
             counts = {task.task_id: request.n for task in tasks}
-            try:
-                first_index = await self.engine.reserve_samples.remote(counts)
-            except Exception as exc:
-                raise engine_error(exc) from None
+            first_index = await self.link.call("reserve_samples", counts)
+        meta = {
+            "batch_id": request.batch_id,
+            "digest": digest,
+            "n": request.n,
+            "write": write,
+            "first_index": first_index,
+        }
+        try:
+            journal = await asyncio.to_thread(
+                BatchJournal.create, self.journals, request.batch_id, meta
+            )
+        except OSError as exc:
+            raise HttpError(
+                500, f"cannot keep the batch's journal under {self.journals}: {exc}"
+            ) from None
+        batch = self._batch_of(request, tasks, rejected, meta, journal)
+        batch.feeder = asyncio.create_task(self._feed(batch))
+        return batch
+
+    def _batch_of(
+        self,
+        request: SubmitRequest,
+        tasks: list[Task],
+        rejected: list[RowError],
+        meta: dict[str, Any],
+        journal: BatchJournal,
+    ) -> Batch:
+        first_index: dict[str, int] = meta["first_index"]
         specs = [
             EpisodeSpec(task, first_index.get(task.task_id, 0) + k)
             for task in tasks
             for k in range(request.n)
         ]
         batch = Batch(
-            request.batch_id, specs, len(tasks), request.n, write, digest, rejected, self.limits
+            request.batch_id,
+            specs,
+            len(tasks),
+            request.n,
+            bool(meta["write"]),
+            meta["digest"],
+            rejected,
+            self.limits,
+            journal,
         )
         self.registry.add(batch)
+        return batch
+
+    async def reload(
+        self, request: SubmitRequest, journal: BatchJournal, state: JournalState
+    ) -> Batch:
+        """A batch of a service now gone, read back from its journal: its rows keep their
+        cursors; what has no row runs (on the engine, which first claims its samples)."""
+        tasks, rejected = await self._tasks(request)
+        await self.link.current()  # 503 while no engine is up: nothing loaded yet
+        keys = await asyncio.to_thread(state.keys)
+        if state.meta.get("write"):
+            await self.link.restore(state)
+        batch = self._batch_of(request, tasks, rejected, state.meta, journal)
+        batch.load(state.lines, keys, state.acked)
         batch.feeder = asyncio.create_task(self._feed(batch))
         return batch
 
-    def _parse(self, rows: list[dict[str, Any]]) -> tuple[list[Task], list[RowError]]:
-        """The rows as tasks, and the rows refused (index, field, message)."""
-        tasks: list[Task] = []
-        rejected: list[RowError] = []
-        unique = UniqueTaskIds()
-        for index, row in enumerate(rows):
-            raw_id = row.get("task_id") if isinstance(row, dict) else None
-            try:
-                task = parse_task_row(
-                    row, default_environment=self.config.environment, source="tasks", line=index
-                )
-                unique.check(task, "tasks", index)
-                field, problem = self._names_problem(task)
-                if problem is not None:
-                    raise InvalidTaskError("tasks", index, field, problem)
-            except InvalidTaskError as exc:
-                task_id = raw_id if isinstance(raw_id, str | int) else None
-                rejected.append(
-                    RowError(
-                        row=index,
-                        task_id=None if task_id is None else str(task_id),
-                        field=exc.field,
-                        message=exc.message.replace(" line ", " row "),
-                    )
-                )
-                continue
-            tasks.append(task)
-        return tasks, rejected
-
-    def _names_problem(self, task: Task) -> tuple[str, str | None]:
-        """Whether the task's environment and agent exist (each name checked once)."""
-        for kind, name in (("environment", task.environment), ("agent", task.agent)):
-            if name is None:
-                continue
-            if (kind, name) not in self.known_names:
-                self.known_names[(kind, name)] = self._name_problem(kind, name)
-            problem = self.known_names[(kind, name)]
-            if problem is not None:
-                return kind, problem
-        return "", None
-
-    def _name_problem(self, kind: str, name: str) -> str | None:
-        if kind == "environment":
-            known = environment_known(name, self.config)
-            return None if known else f"unknown environment {name!r}"
-        try:
-            check_agent(name, self.config, "the row")
-        except InputError as exc:
-            return str(exc)
-        return None
+    async def revive(self, batch: Batch) -> None:
+        """A batch whose engine died, re-submitted: on the new engine, once it is up, the
+        samples without a row run again (the rows the client has, or may still read, stay)."""
+        if batch.feeder is not None:  # the dead engine's calls: each fails in a moment
+            await asyncio.wait({batch.feeder}, timeout=_DEAD_FEEDER_S)
+        await self.link.current()
+        if batch.write and batch.journal is not None:
+            loaded = await asyncio.to_thread(BatchJournal.load, self.journals, batch.batch_id)
+            if loaded is not None:
+                await self.link.restore(loaded[1])
+        batch.revive()
+        batch.feeder = asyncio.create_task(self._feed(batch))
 
     async def _feed(self, batch: Batch) -> None:
         """Send the batch's samples to the engine while it has room (backpressure)."""
         running: set[asyncio.Task[None]] = set()
-        while batch.unsent and batch.error is None:
+        generation = batch.generation
+        while batch.unsent and batch.error is None and batch.generation == generation:
             if batch.room <= 0:
                 await batch.changed(KEEPALIVE_S)
                 continue
             take = min(batch.room, SLICE, len(batch.unsent))
             specs = [batch.unsent.popleft() for _ in range(take)]
             batch.sent += take
-            call = asyncio.create_task(self._run_slice(batch, specs))
+            call = asyncio.create_task(self._run_slice(batch, specs, generation))
             running.add(call)
             call.add_done_callback(running.discard)
         if running:
             await asyncio.gather(*running)
 
-    async def _run_slice(self, batch: Batch, specs: list[EpisodeSpec]) -> None:
+    async def _run_slice(self, batch: Batch, specs: list[EpisodeSpec], generation: int) -> None:
         try:
-            async for ref in self.engine.stream.remote(specs, batch.write):
+            engine = await self.link.current()
+        except HttpError as exc:
+            batch.fail(exc.body["detail"], engine_gone=True, generation=generation)
+            return
+        try:
+            async for ref in engine.stream.remote(specs, batch.write):
                 rows = await ref
                 if not batch.deleted:
                     batch.add(rows)
-        except (RayActorError, ActorUnavailableError) as exc:
-            batch.fail(f"the engine actor died ({type(exc).__name__})", engine_gone=True)
         except Exception as exc:
-            batch.fail(f"the engine failed the batch: {type(exc).__name__}: {exc}")
+            self.link.lost(engine, exc)
+            if not died(exc):
+                batch.fail(
+                    f"the engine failed the batch: {type(exc).__name__}: {exc}",
+                    generation=generation,
+                )
+                return
+            batch.fail(
+                f"the engine actor died ({type(exc).__name__}): once `rayrollout up --resume` "
+                "has started a new one, a re-submit of the batch runs the samples without a "
+                "row",
+                engine_gone=True,
+                generation=generation,
+            )
 
     def batch(self, batch_id: str) -> Batch:
         batch = self.registry.get(batch_id)
@@ -313,10 +340,7 @@ class RolloutService:
     # The training loop's calls, forwarded to the engine actor.
 
     async def call_engine(self, method: str, *args: Any) -> Any:
-        try:
-            return await getattr(self.engine, method).remote(*args)
-        except Exception as exc:
-            raise engine_error(exc) from None
+        return await self.link.call(method, *args)
 
     async def pause(self, body: Any) -> dict[str, Any]:
         try:
@@ -369,12 +393,19 @@ class RolloutService:
         }
 
     async def close(self) -> None:
+        """Stop feeding; the journals stay, for a service started again with ``--resume``."""
         for batch in self.registry.batches.values():
             if batch.feeder is not None:
                 batch.feeder.cancel()
+            if batch.journal is not None:
+                batch.journal.close()
 
 
-def _where(error: RowError) -> str:
-    named = f" (task_id {error.task_id!r})" if error.task_id is not None else ""
-    field = f", field '{error.field}'" if error.field else ""
-    return f"tasks[{error.row}]{named}{field}"
+def _same(batch_id: str, known: Any, digest: str) -> None:
+    """A known batch id re-submitted: with the same tasks, or refused (409)."""
+    if known != digest:
+        raise HttpError(
+            409,
+            f"batch id {batch_id!r} was submitted with other tasks: a retry sends the same "
+            "tasks, a new batch takes a new id",
+        )

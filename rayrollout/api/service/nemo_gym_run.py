@@ -37,18 +37,20 @@ async def run_nemo_gym(service: RolloutService, body: Any) -> tuple[int, dict[st
     except InvalidTaskError as exc:
         where = f"field '{exc.field}': " if exc.field else ""
         raise HttpError(400, f"{where}{exc.message}", field=exc.field) from None
-    field, problem = service._names_problem(task)
+    field, problem = service.rows.names_problem(task)
     if problem is not None:
         raise HttpError(400, f"field '{field}': {problem}", field=field)
     write = config.training.write_trajectories
     index = 0
     rows: list[bytes] = []
+    if write:
+        index = (await service.call_engine("reserve_samples", {task.task_id: 1}))[task.task_id]
+    engine = await service.link.current()
     try:
-        if write:
-            index = (await service.engine.reserve_samples.remote({task.task_id: 1}))[task.task_id]
-        async for ref in service.engine.stream.remote([EpisodeSpec(task, index)], write):
+        async for ref in engine.stream.remote([EpisodeSpec(task, index)], write):
             rows += [row for _, _, row in await ref]
     except Exception as exc:
+        service.link.lost(engine, exc)
         raise engine_error(exc) from None
     trajectory = Trajectory.from_row(orjson.loads(rows[0]))
     if trajectory.status in VERIFIED:
