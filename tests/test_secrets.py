@@ -174,7 +174,9 @@ def test_local_ray_starts_without_a_dashboard_and_serve_listens_on_loopback(monk
     started: dict[str, Any] = {}
     monkeypatch.setattr(services.ray, "is_initialized", lambda: False)
     monkeypatch.setattr(services.ray, "init", lambda **kw: started.setdefault("ray", kw))
-    monkeypatch.setattr(services.serve, "start", lambda **kw: started.setdefault("serve", kw))
+    from ray import serve  # services imports it only on the way to starting Serve
+
+    monkeypatch.setattr(serve, "start", lambda **kw: started.setdefault("serve", kw))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     config = RunConfig()
     services.ensure_ray(config)

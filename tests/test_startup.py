@@ -110,14 +110,40 @@ def _no_serve(*args: object, **kwargs: object) -> None:
     raise AssertionError("Serve was started for a run that needs none")
 
 
+# What the driver of `rayrollout collect` imports before it builds the engine
+# (rayrollout.cli.collect.run_collect), then the policy kind looked up as the checks do.
+_COLLECT_DRIVER = """
+import json, sys
+from rayrollout.cli.commands import app
+from rayrollout.cli.failures import report_failures
+from rayrollout.data.config import load_config
+from rayrollout.api.collect import plan_collect
+from rayrollout.api.rollout_engine import RolloutEngine
+from rayrollout.cli.progress import RunProgress
+from rayrollout.engine.services import ensure_ray, prepare_policy
+from rayrollout.policy.kinds import policy_kind
+policy_kind("openai"), policy_kind("scripted")
+print(json.dumps(sorted(m for m in sys.modules if m in ("ray.serve", "fastapi", "pandas"))))
+"""
+
+
+def test_a_collect_driver_loads_no_serve_before_it_deploys():
+    """Ray Serve (with FastAPI and pandas, over a second of CPU before Ray starts) loads in
+    the driver only on the way to deploying something: never for an external policy with
+    inline or URL environments, and not for the checks that look a policy kind up."""
+    assert _loaded(_COLLECT_DRIVER) == set()
+
+
 def test_an_external_policy_starts_no_serve(monkeypatch):
+    from ray import serve
+
     from rayrollout.auth import RouteAuth
     from rayrollout.data.config import RunConfig
     from rayrollout.engine import services
 
     monkeypatch.setattr(services, "ensure_serve", _no_serve)
-    monkeypatch.setattr(services.serve, "run", _no_serve)
-    monkeypatch.setattr(services.serve, "start", _no_serve)
+    monkeypatch.setattr(serve, "run", _no_serve)
+    monkeypatch.setattr(serve, "start", _no_serve)
     config = RunConfig.model_validate(
         {"policy": {"kind": "openai", "base_url": "http://127.0.0.1:1/v1", "model": "m"}}
     )
@@ -153,12 +179,14 @@ def test_the_help_names_the_real_rejects_file():
 def test_a_deployed_policy_has_its_url_before_serve_runs_it(monkeypatch):
     """The driver hands the engine the policy's URL while Serve still deploys it
     (``prepare_policy``): nothing starts until the deploy call is made."""
+    from ray import serve
+
     from rayrollout.auth import RouteAuth
     from rayrollout.data.config import RunConfig
     from rayrollout.engine import services
 
     monkeypatch.setattr(services, "ensure_serve", _no_serve)
-    monkeypatch.setattr(services.serve, "run", _no_serve)
+    monkeypatch.setattr(serve, "run", _no_serve)
     config = RunConfig.model_validate(
         {"namespace": "ns", "policy": {"kind": "scripted"}, "ray": {"serve_port": 8123}}
     )
@@ -167,3 +195,19 @@ def test_a_deployed_policy_has_its_url_before_serve_runs_it(monkeypatch):
     assert deploy is not None
     with pytest.raises(AssertionError, match="Serve was started"):
         deploy()
+
+
+def test_inline_episodes_are_queued_while_a_serve_environment_deploys():
+    """The engine's first batch names an inline and a Serve-hosted environment: the inline
+    one is settled at once (its episodes go on the queue while the other's replicas start),
+    the Serve-hosted one is left to deploy."""
+    from rayrollout.auth import RouteAuth
+    from rayrollout.data.config import RunConfig
+    from rayrollout.engine.deploy import EnvironmentDeployer
+
+    served = {"path": "rayrollout.environments.weather.env:WeatherEnv", "hosting": "serve"}
+    config = RunConfig.model_validate({"environments": {"weather": {}, "served": served}})
+    deployer = EnvironmentDeployer(config, RouteAuth.bearer("t"))
+    assert deployer.to_deploy(["weather", "served", "no_such_env", "weather"]) == {"served"}
+    assert deployer.ready == {"weather", "no_such_env"}
+    assert deployer.missing(["weather", "served"]) == {"served"}

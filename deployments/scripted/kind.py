@@ -7,22 +7,28 @@ policy (a test double for the model's judgement) but the version every turn reco
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ray import serve
 from rayrollout.deployments.scripted.local import LocalScriptedPolicy
-from rayrollout.deployments.scripted.server import scripted_policy_app
 
 from rayrollout.auth import RouteAuth
 from rayrollout.data.config import RunConfig
 from rayrollout.policy.kinds import FixedWeights, PolicyKind
+
+if TYPE_CHECKING:
+    from ray import serve
 
 __all__ = ["SCRIPTED", "ScriptedWeights"]
 
 
 def build_scripted_app(config: RunConfig, auth: RouteAuth) -> serve.Application:
     """The scripted policy's Serve app from ``policy.scripted``, placed on GPU-node roles,
-    its routes taking the bearers ``auth`` accepts."""
+    its routes taking the bearers ``auth`` accepts.
+
+    The server module (Ray Serve, over a second of imports) loads here, once Ray is up,
+    not when the kind is looked up by name: the checks before Ray starts look it up."""
+    from rayrollout.deployments.scripted.server import scripted_policy_app
+
     policy = config.policy
     return scripted_policy_app(
         replicas=policy.scripted.replicas,

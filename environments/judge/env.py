@@ -19,12 +19,14 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import openai
 from pydantic import BaseModel, ConfigDict, Field
 
 from rayrollout.environment import Environment, Episode, ToolError, Verification, tool
+
+if TYPE_CHECKING:
+    import openai
 
 JUDGE_PROMPT = """You grade answers to questions against a reference answer.
 
@@ -64,6 +66,10 @@ def _client(settings: JudgeSettings, base_url: str) -> openai.AsyncOpenAI:
     """One client (one connection pool) per judge endpoint and event loop, reused by episodes."""
     key = (base_url, settings.api_key_env, id(asyncio.get_running_loop()))
     if key not in _clients:
+        # Imported at the first judge call, not with the class (about a second of CPU): the
+        # checks before a run and the demo's task list look the class up in the driver.
+        import openai
+
         _clients[key] = openai.AsyncOpenAI(
             base_url=base_url,
             api_key=os.environ.get(settings.api_key_env) or "not-needed",

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import importlib
 import logging
 import operator
 from collections.abc import Callable
 from typing import Any, ClassVar
-
-import math_verify
 
 from rayrollout.environment import Environment, Episode, ToolError, Verification, tool
 
@@ -92,6 +91,12 @@ class MathEnv(Environment):
     async def verify(self, episode: Episode) -> Verification:
         """Reward 1.0 when the final answer equals the gold answer mathematically."""
         gold = gold_answer(episode.task.task_id, episode.task.fields)
+        if not _LOADED:
+            # The process's first verifies import math_verify (see _grade): off the event
+            # loop, and outside the time limit below (a verify that comes while another
+            # thread imports it waits here for the import too).
+            await asyncio.to_thread(importlib.import_module, "math_verify")
+            _LOADED.add("math_verify")
         grading = asyncio.to_thread(_grade, gold, episode.final_answer())
         try:
             # A thread cannot be killed, but the episode need not wait for a stuck sympy call.
@@ -100,6 +105,9 @@ class MathEnv(Environment):
             details = {"error": f"math_verify took over {self.verify_timeout_s} s"}
             return Verification(reward=0.0, details=details)
 
+
+_LOADED: set[str] = set()
+"""Holds "math_verify" once this process has imported it (``MathEnv.verify``)."""
 
 GOLD_FIELDS = ("expected_answer", "expected_result")
 """Where a task keeps its gold answer: rayrollout's name (also NeMo Gym's ``math_with_judge``),
@@ -140,7 +148,14 @@ def _grade(gold_text: str, answer: str) -> Verification:
     math_verify's own timeouts use ``signal.alarm``, which raises outside the main thread
     (Ray actors, ``asyncio.to_thread``), so they are off here and ``verify`` above bounds
     the wait instead.
+
+    math_verify is imported here, at the first verify, not with the class: with sympy it is
+    about a second of CPU that every process which only looks the class up (the checks
+    before a run, the demo's task list, the engine deciding where environments run) or
+    plays no math episode would pay.
     """
+    import math_verify
+
     gold = math_verify.parse(gold_text, parsing_timeout=None)  # type: ignore[arg-type]
     predicted = math_verify.parse(answer, parsing_timeout=None)  # type: ignore[arg-type]
     correct = bool(gold and predicted and math_verify.verify(gold, predicted, timeout_seconds=None))

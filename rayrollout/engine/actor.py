@@ -180,11 +180,26 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         self.batch_first_part = len(self.writer.paths)
 
     async def submit(self, specs: list[EpisodeSpec]) -> None:
-        """Queue episodes; waits while the queue is full."""
+        """Queue episodes; waits while the queue is full.
+
+        Episodes of an environment still to be put up on Serve wait for its deployment
+        (seconds: a replica process starts); the batch's other episodes are queued while it
+        deploys, so a run's inline environments play from the first second.
+        """
         if self.failure is not None:
             raise self.failure
-        for env in self.environments.missing(s.task.environment for s in specs):
-            await self.environments.ensure(env)
+        to_deploy = self.environments.to_deploy(s.task.environment for s in specs)
+        if to_deploy:
+            deploying = asyncio.ensure_future(self.environments.ensure_all(sorted(to_deploy)))
+            await self._queue([s for s in specs if s.task.environment not in to_deploy])
+            await deploying  # a failed deployment is the caller's error, as before
+            specs = [s for s in specs if s.task.environment in to_deploy]
+        await self._queue(specs)
+
+    async def _queue(self, specs: list[EpisodeSpec]) -> None:
+        """Count episodes as submitted and put them on the queue (waits while it is full)."""
+        if not specs:
+            return
         self.submitted += len(specs)
         self.metrics.on_submit([s.task.environment for s in specs])
         self.all_done.clear()

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from rayrollout.auth import RouteAuth
 from rayrollout.data.config import RunConfig
-from rayrollout.environment.registry import environment_spec
+from rayrollout.environment.registry import EnvironmentSpec, environment_spec
 from rayrollout.environment.sessions import resolve_hosting
 
 __all__ = ["EnvironmentDeployer"]
@@ -33,6 +33,18 @@ class EnvironmentDeployer:
         """Those of ``names`` not settled yet (cheap: no lock, no await)."""
         return set(names) - self.ready
 
+    def to_deploy(self, names: Iterable[str]) -> set[str]:
+        """Those of ``names`` still to be put up on Serve. The others (inline, by URL, or
+        unknown) are settled here at once, with a look at their class and config only, so
+        that their episodes need not wait for another environment's replicas to start."""
+        serve_hosted = set()
+        for name in self.missing(names):
+            if self._serve_hosted(name) is None:
+                self.ready.add(name)
+            else:
+                serve_hosted.add(name)
+        return serve_hosted
+
     async def ensure_all(self, names: Iterable[str]) -> None:
         """Settle every environment of ``names``, one after another."""
         for name in names:
@@ -43,14 +55,9 @@ class EnvironmentDeployer:
         async with self._lock:
             if name in self.ready:
                 return
-            settings = self.config.environment_config(name)
-            try:  # the registered name's class and config args (registry.environment_spec)
-                spec = environment_spec(name, settings)
-                env_cls = spec.load()
-            except (LookupError, TypeError):
-                self.ready.add(name)  # its episodes end as errors naming the problem
-                return
-            if resolve_hosting(settings, env_cls) == "serve":
+            spec = self._serve_hosted(name)
+            if spec is not None:
+                settings = self.config.environment_config(name)
                 # Imported here: Serve and the server module are 0.6 s of the engine's start,
                 # and a run with only inline or URL environments never needs them.
                 from ray import serve
@@ -80,3 +87,14 @@ class EnvironmentDeployer:
                 await asyncio.to_thread(ensure_serve, self.config)
                 await asyncio.to_thread(serve.run, app, name=app_name, route_prefix=route)
             self.ready.add(name)
+
+    def _serve_hosted(self, name: str) -> EnvironmentSpec | None:
+        """The spec of ``name`` if it is hosted on Serve; None if it needs nothing deployed,
+        or if it cannot be loaded (its episodes end as errors naming the problem)."""
+        settings = self.config.environment_config(name)
+        try:  # the registered name's class and config args (registry.environment_spec)
+            spec = environment_spec(name, settings)
+            env_cls = spec.load()
+        except (LookupError, TypeError):
+            return None
+        return spec if resolve_hosting(settings, env_cls) == "serve" else None

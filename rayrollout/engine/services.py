@@ -3,6 +3,9 @@
 Environments are deployed by the engine when a task first needs them (``deploy``); the
 policy is deployed here because every episode needs it from the first call. Its kind is
 found by name (``rayrollout.policy.kinds``), so nothing here imports a deployment by name.
+Ray Serve is imported only on the way to starting it: with FastAPI and pandas it is over a
+second of CPU in the driver, before Ray starts, that a run with an external policy and
+inline or URL environments never uses.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ import os
 from collections.abc import Callable
 
 import ray
-from ray import serve
 from ray.exceptions import RayActorError
 
 from rayrollout.auth import RouteAuth
@@ -74,6 +76,8 @@ def ensure_serve(config: RunConfig) -> None:
     A proxy the controller gave up on while it started (a loaded machine, see
     ``_SERVE_PATIENCE``) is started again, twice at most; then one line says what failed.
     """
+    from ray import serve
+
     for attempt in range(3):
         try:
             serve.start(
@@ -114,6 +118,8 @@ def prepare_policy(config: RunConfig, auth: RouteAuth) -> tuple[str, Callable[[]
     ``policy.base_url`` and needs no Serve at all. Split from deploying because the URL is
     known before the app runs: the driver starts the engine and its workers while Serve brings
     the policy up (``RolloutEngine``), each taking seconds. A bad config fails here, at once.
+    Built here, not in the deploy call: a kind's build may fill policy settings the engine
+    and its workers are started with (vLLM's deployment file names the model and tokenizer).
     """
     policy = config.policy
     try:
@@ -131,6 +137,8 @@ def prepare_policy(config: RunConfig, auth: RouteAuth) -> tuple[str, Callable[[]
     route = f"/{config.namespace}/policy"
 
     def deploy() -> None:
+        from ray import serve
+
         ensure_serve(config)
         serve.run(app, name=policy_app_name(config.namespace), route_prefix=route)
 
