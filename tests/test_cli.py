@@ -130,6 +130,8 @@ def test_demo_writes_scored_multi_turn_trajectories(tmp_path, serve_session):
     assert ("left out environment 'code'" in output) is not sandbox
     assert frame["reward"].between(0, 1).all()
     assert set(frame["status"]) == {"ok"}
+    assert set(frame["worker"]) == {"worker:0"}  # one worker, as the config names none
+    assert "workers: 1" in output
     for messages in frame["messages"]:
         roles = [m["role"] for m in messages]
         assert roles[-3:] == ["assistant", "tool", "assistant"]
