@@ -19,7 +19,7 @@ from collections import Counter
 from typing import Any
 
 from aiohttp import web
-from rayrollout.deployments.scripted.server import chat_completion
+from rayrollout.deployments.scripted.protocol import chat_completion
 from rayrollout.deployments.scripted.strategy import next_action
 
 FAULTS = ("500", "503", "429", "hang", "garbage")

@@ -25,6 +25,8 @@ import yaml
 from hidden_programs import path_without
 from netutil import free_port
 
+from rayrollout.cli.console_log import LOG_FILE
+
 ROOT = Path(__file__).resolve().parents[1]
 GATED_TESTS = """\
 import pytest
@@ -108,6 +110,9 @@ def test_the_demo_without_bubblewrap_leaves_code_out_in_one_line_and_plays_only_
     assert set(frame["environment"]) == {"weather", "math"}
     assert set(frame["status"]) == {"ok"}, frame["error"].dropna().unique()[:3]
     assert "demo done" in console
+    # Nothing left to host on Serve: the scripted policy is the demo's own actor.
+    log = out / LOG_FILE  # made at the first line Ray, Serve or an actor logs
+    assert not log.exists() or "Started Serve" not in log.read_text()
 
 
 def test_env_test_without_pytest_names_the_install_in_one_line(tmp_path):

@@ -7,13 +7,16 @@ policy (a test double for the model's judgement) but the version every turn reco
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import ray
 from rayrollout.deployments.scripted.local import LocalScriptedPolicy
 
 from rayrollout.auth import RouteAuth
 from rayrollout.data.config import RunConfig
-from rayrollout.policy.kinds import FixedWeights, PolicyKind
+from rayrollout.policy.kinds import FixedWeights, OwnServer, PolicyKind
 
 if TYPE_CHECKING:
     from ray import serve
@@ -21,15 +24,18 @@ if TYPE_CHECKING:
 __all__ = ["SCRIPTED", "ScriptedWeights"]
 
 
-def build_scripted_app(config: RunConfig, auth: RouteAuth) -> serve.Application:
+def build_scripted_app(config: RunConfig, auth: RouteAuth) -> serve.Application | OwnServer:
     """The scripted policy's Serve app from ``policy.scripted``, placed on GPU-node roles,
-    its routes taking the bearers ``auth`` accepts.
+    its routes taking the bearers ``auth`` accepts; with ``hosting: actor``, its own server
+    on a free port of this node instead (``actor_server``).
 
     The server module (Ray Serve, over a second of imports) loads here, once Ray is up,
     not when the kind is looked up by name: the checks before Ray starts look it up."""
+    policy = config.policy
+    if policy.scripted.hosting == "actor":
+        return _own_server(config, auth)
     from rayrollout.deployments.scripted.server import scripted_policy_app
 
-    policy = config.policy
     return scripted_policy_app(
         replicas=policy.scripted.replicas,
         latency_s=policy.scripted.latency_s,
@@ -37,6 +43,31 @@ def build_scripted_app(config: RunConfig, auth: RouteAuth) -> serve.Application:
         ray_actor_options=config.placement.gpu_options({"num_cpus": 0.1}),
         auth=auth,
     )
+
+
+def _own_server(config: RunConfig, auth: RouteAuth) -> OwnServer:
+    """The actor-hosted server: its port found free here, where the actor will run."""
+    from rayrollout.deployments.scripted.actor_server import (
+        start_scripted_server,
+        stop_scripted_server,
+    )
+
+    host = config.ray.serve_host
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.bind((host, 0))
+        port = probe.getsockname()[1]
+    url_host = ray.util.get_node_ip_address() if host in ("0.0.0.0", "::", "") else host
+    url_host = f"[{url_host}]" if ":" in url_host else url_host
+    name = f"scripted-policy-{port}"
+
+    def start() -> Callable[[], None]:
+        scripted = config.policy.scripted
+        start_scripted_server(
+            name, config.namespace, host, port, scripted.latency_s, config.policy.model, auth
+        )
+        return lambda: stop_scripted_server(name)
+
+    return OwnServer(f"http://{url_host}:{port}/v1", start)
 
 
 class ScriptedWeights(FixedWeights):

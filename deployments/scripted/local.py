@@ -37,7 +37,7 @@ class LocalScriptedPolicy:
         history: list[Turn] | None = None,
         last_turn: bool = False,
     ) -> PolicyReply:
-        from rayrollout.deployments.scripted.server import chat_completion
+        from rayrollout.deployments.scripted.protocol import chat_completion
 
         started = time.time()
         sent = [m.to_openai() for m in messages]

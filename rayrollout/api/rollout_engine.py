@@ -27,7 +27,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import ray
 from pydantic import SecretStr
@@ -42,7 +42,7 @@ from rayrollout.api.collect import (
 )
 from rayrollout.api.spec_feed import SpecFeed
 from rayrollout.auth import RouteAuth, new_token, write_token_file
-from rayrollout.data.config import RunConfig
+from rayrollout.data.config import ConfigError, RunConfig
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import Trajectory
 from rayrollout.engine.actor import ENGINE_NAME, EngineActor
@@ -65,6 +65,8 @@ __all__ = [
 _SUBMIT_BATCH = 256
 ProgressCallback = Callable[[RunSnapshot], None]
 PlanCallback = Callable[[CollectPlan], None]
+
+T = TypeVar("T")
 
 
 class EngineExistsError(ClusterError, RuntimeError):
@@ -150,6 +152,7 @@ class RolloutEngine:
         self.collections = 0  # collect() calls on this engine so far
         self.attached = False  # True: the engine is `rayrollout up`'s, shutdown leaves it up
         self.policy_url = ""
+        self.stop_policy: Callable[[], None] | None = None  # a policy this driver started
         # What the run's HTTP routes (a deployed policy, Serve-hosted environments, vLLM's
         # control routes) take as 'Authorization: Bearer ...' (rayrollout.auth); written,
         # owner-only, to route_token_path(namespace) when the engine starts.
@@ -184,6 +187,12 @@ class RolloutEngine:
     ) -> RolloutEngine:
         """``start``; ``new_run`` (a ``collect``): refuse an output folder holding another
         run's parts before the policy is deployed (``refuse_old_parts``)."""
+        policy = self.config.policy
+        if detached and policy.kind == "scripted" and policy.scripted.hosting == "actor":
+            raise ConfigError(
+                "policy.scripted.hosting 'actor' ends with the driver that starts it; an "
+                "engine that outlives its driver (rayrollout up) needs 'serve'"
+            )
         ensure_ray(self.config)
         namespace = self.config.namespace
         existing: Any
@@ -230,7 +239,7 @@ class RolloutEngine:
         try:
             started = self.engine.start.remote()
             if deploying is not None:  # first: environments deploy only onto a started Serve
-                deploying.result()
+                self.stop_policy = deploying.result()
             ray.get(started)
             if detached:
                 ray.get(self.engine.ensure_environments.remote(sorted(self.config.environments)))
@@ -412,6 +421,9 @@ class RolloutEngine:
                     pass
             ray.kill(self.engine)
             self.engine = None
+        if self.stop_policy is not None:
+            self.stop_policy()
+            self.stop_policy = None
 
 
 def _first_line(error: BaseException) -> str:
@@ -420,21 +432,21 @@ def _first_line(error: BaseException) -> str:
     return line if len(line) <= 200 else line[:197] + "..."
 
 
-def _in_background(call: Callable[[], None]) -> Future[None]:
+def _in_background(call: Callable[[], T]) -> Future[T]:
     """Run ``call`` in a daemon thread; its outcome (or error) in the returned future.
 
     A daemon thread rather than an executor's: Ctrl-C while it runs ends the driver at once,
     as it did when the policy deployed on the main thread.
     """
-    future: Future[None] = Future()
+    future: Future[T] = Future()
 
     def run() -> None:
         try:
-            call()
+            result = call()
         except BaseException as exc:  # handed to the waiting thread, raised there
             future.set_exception(exc)
         else:
-            future.set_result(None)
+            future.set_result(result)
 
     threading.Thread(target=run, name="policy-deploy", daemon=True).start()
     return future

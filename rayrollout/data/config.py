@@ -60,6 +60,12 @@ class ScriptedPolicyConfig(_Config):
     latency_s: float = Field(
         default=0.0, ge=0.0, description="Think time added to every call (latency benchmarks)."
     )
+    hosting: Literal["serve", "actor"] = Field(
+        default="serve",
+        description="'serve': a Ray Serve app (replicas, placement, a detached engine); "
+        "'actor': one plain Ray actor on the driver's node, started in a second with no "
+        "Serve, ending with the driver (the demo's; not for `rayrollout up`).",
+    )
 
 
 class PolicyConfig(_Config):

@@ -22,7 +22,7 @@ from rayrollout.data.config import RunConfig
 from rayrollout.engine.ray_auth import require_ray_token_auth
 from rayrollout.engine.secret_env import without_secrets
 from rayrollout.errors import ClusterError, InputError
-from rayrollout.policy.kinds import policy_kind
+from rayrollout.policy.kinds import OwnServer, policy_kind
 
 __all__ = [
     "PolicyEndpointError",
@@ -109,8 +109,12 @@ def policy_app_name(namespace: str) -> str:
     return f"{namespace}.policy"
 
 
-def prepare_policy(config: RunConfig, auth: RouteAuth) -> tuple[str, Callable[[], None] | None]:
+def prepare_policy(
+    config: RunConfig, auth: RouteAuth
+) -> tuple[str, Callable[[], Callable[[], None] | None] | None]:
     """The policy's OpenAI base URL, and the call that deploys it (None: an external server).
+    That call returns the call that ends the policy where the run owns it (a kind's
+    ``OwnServer``), else None (a Serve app stays up for whoever started Serve).
 
     The kind (``policy.kind``) is found by name (``rayrollout.policy.kinds``): a deployed
     kind (scripted, vLLM) is built here, its routes taking the bearers ``auth`` accepts, and
@@ -134,13 +138,16 @@ def prepare_policy(config: RunConfig, auth: RouteAuth) -> tuple[str, Callable[[]
                 "(and --model NAME)"
             )
         return policy.base_url, None
+    if isinstance(app, OwnServer):
+        return app.base_url, app.start
     route = f"/{config.namespace}/policy"
 
-    def deploy() -> None:
+    def deploy() -> Callable[[], None] | None:
         from ray import serve
 
         ensure_serve(config)
         serve.run(app, name=policy_app_name(config.namespace), route_prefix=route)
+        return None
 
     return f"http://127.0.0.1:{config.ray.serve_port}{route}/v1", deploy
 

@@ -32,6 +32,7 @@ from rayrollout.policy.gate import PauseMode
 from rayrollout.policy.protocol import Policy
 
 __all__ = [
+    "OwnServer",
     "ENTRY_POINT_GROUP",
     "EXTERNAL",
     "POLICY_KINDS",
@@ -72,14 +73,26 @@ class WeightBackend(Protocol):
 
 
 @dataclass(frozen=True)
+class OwnServer:
+    """What a kind's ``build_app`` returns for a server rayrollout starts itself outside
+    Serve (the scripted policy's ``hosting: actor``): its OpenAI base URL, known before it
+    starts, and the call that starts it, returns once it listens, and returns the call that
+    ends it (the run that started it ends it)."""
+
+    base_url: str
+    start: Callable[[], Callable[[], None]]
+
+
+@dataclass(frozen=True)
 class PolicyKind:
     """One policy kind: what to deploy for it and how it takes new weights."""
 
     name: str
     """The ``policy.kind`` value that picks it."""
     build_app: Callable[[RunConfig, RouteAuth], Any] | None
-    """The Serve application for the run's config (``serve.Application``), or None for a
-    server that runs elsewhere (``policy.base_url``). May fill policy settings the config
+    """The Serve application for the run's config (``serve.Application``), an ``OwnServer``
+    rayrollout starts without Serve, or None for a server that runs elsewhere
+    (``policy.base_url``). May fill policy settings the config
     left unset (vLLM's deployment file names the model); raises ``ValueError`` naming a
     config that cannot work. Its routes must take only what the ``RouteAuth`` accepts (the
     run's token): the control routes, where a kind has them, above all."""
