@@ -45,7 +45,7 @@ from rayrollout.auth import RouteAuth, new_token, write_token_file
 from rayrollout.data.config import ConfigError, RunConfig
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import Trajectory
-from rayrollout.engine.actor import ENGINE_NAME, EngineActor
+from rayrollout.engine.actor import ENGINE_NAME, EngineActor, start_workers
 from rayrollout.engine.episode import EpisodeSpec
 from rayrollout.engine.figures import RunSnapshot
 from rayrollout.engine.placement import cpu_actor_options
@@ -220,6 +220,10 @@ class RolloutEngine:
         # neither needs the other before the first episode, and each takes seconds.
         deploying = _in_background(deploy) if deploy is not None else None
         run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+        policy_key = workers_policy_key(self.config, self.route_token)
+        # A run that ends with this driver starts its workers here, beside the engine actor
+        # (seconds sooner than from the engine's constructor); a detached engine owns its own.
+        workers = None if detached else start_workers(self.config, self.policy_url, policy_key)
         self.engine = EngineActor.options(  # type: ignore[attr-defined]
             name=ENGINE_NAME,
             namespace=namespace,
@@ -230,9 +234,10 @@ class RolloutEngine:
             self.policy_url,
             run_id,
             detached,
-            workers_policy_key(self.config, self.route_token),
+            policy_key,
             driver_pid=os.getpid(),
             route_token=self.route_token,
+            workers=workers,
         )
         self.run_id = run_id
         self.attached = detached  # shutdown leaves a detached engine up, as an attached one

@@ -49,7 +49,7 @@ from rayrollout.engine.weights import WeightSync
 from rayrollout.engine.worker import WorkerActor, worker_name, worker_share
 from rayrollout.gc_tuning import tune_gc
 
-__all__ = ["ENGINE_NAME", "EngineActor"]
+__all__ = ["ENGINE_NAME", "EngineActor", "start_workers"]
 
 ENGINE_NAME = "engine"
 _RESERVE_S = 0.1  # the round trip a worker's reserve covers (engine.reserve)
@@ -82,6 +82,29 @@ def reserve(concurrency: int, num_workers: int, episode_s: float | None) -> int:
     return min(most, math.ceil(concurrency * _RESERVE_S / episode_s))
 
 
+def start_workers(config: RunConfig, policy_url: str, policy_key: SecretStr | None) -> list[Any]:
+    """Start the run's worker actors (``worker:<i>``); their handles, at once.
+
+    The driver of a run that ends with it starts them beside the engine actor, not from it:
+    each is a Python process of a second or more of imports, and the engine's own start need
+    not come first. The caller owns them, so a detached engine starts its own."""
+    return [
+        WorkerActor.options(  # type: ignore[attr-defined]  # a Ray actor class (stubs)
+            name=worker_name(i),
+            namespace=config.namespace,
+            max_concurrency=100_000,
+            **worker_actor_options(config, {"num_cpus": config.workers.num_cpus}),
+        ).remote(
+            worker_name(i),
+            config,
+            policy_url,
+            policy_key,
+            worker_share(config.concurrency, config.workers.num_workers, i),
+        )
+        for i in range(config.workers.num_workers)
+    ]
+
+
 # Ray's type stubs give ray.remote(...) task options only; max_concurrency is an actor's.
 @ray.remote(num_cpus=0, max_concurrency=10_000)  # type: ignore[call-overload]
 class EngineActor(TrainingLoopAPI, StreamingAPI):
@@ -96,25 +119,14 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         policy_key: SecretStr | None = None,  # for the workers only (engine/secret_env.py)
         driver_pid: int | None = None,  # the run's driver, noted in the folder's lock
         route_token: SecretStr | None = None,  # what the run's HTTP routes take (auth.py)
+        workers: list[Any] | None = None,  # started by the driver beside this actor
     ) -> None:
         self.config = config
         self.policy_url = policy_url
         self.detached = detached  # started by `rayrollout up`: drivers attach, never kill it
-        self.workers = [
-            WorkerActor.options(  # type: ignore[attr-defined]  # a Ray actor class (stubs)
-                name=worker_name(i),
-                namespace=config.namespace,
-                max_concurrency=100_000,
-                **worker_actor_options(config, {"num_cpus": config.workers.num_cpus}),
-            ).remote(
-                worker_name(i),
-                config,
-                policy_url,
-                policy_key,
-                worker_share(config.concurrency, config.workers.num_workers, i),
-            )
-            for i in range(config.workers.num_workers)
-        ]
+        if workers is None:  # a detached engine owns its workers: they outlive the driver
+            workers = start_workers(config, policy_url, policy_key)
+        self.workers = workers
         out = config.output
         self.run_id = run_id
         self.folder = RunFolder(out.dir, out.format)
