@@ -173,6 +173,11 @@ TARGETS: tuple[Target, ...] = (
     ),
     Target(
         "task_scale",
+        "driver's peak anonymous RSS, shards / file, 200,000 episodes",
+        "cases.memory.shards_over_file.driver_anon",
+    ),
+    Target(
+        "task_scale",
         "episodes lost, 10^6 rows interrupted and resumed",
         "cases.bad_rows.lost",
         "== 0",

@@ -17,11 +17,14 @@ ids and bad rows, and 10 N rows as 20 Parquet shards read through Ray Data. N is
 - ``dead_policy``: the N-row file with a policy URL where nothing listens, 5 times: exit
   codes, seconds until the command ends (median and least) and its CPU seconds.
 - ``first_episode``: seconds from the command to its first finished episode, for a 50-row
-  file and for the N-row file, alternating, twice each, in runs that write a part file per
-  row (``output.rows_per_part: 1``, as ``startup.py``'s) and are interrupted (SIGINT) once
-  the first part is in the output folder. The first part file is what a user, or a trainer
-  reading the folder, waits for; the progress bar is not drawn without a terminal. On a
-  busy machine both wait mostly for Ray to start, so the difference of the two is reported.
+  file, a 1,000-row file and the N-row file, in turn, twice each, in runs that write a part
+  file per row (``output.rows_per_part: 1``, as ``startup.py``'s) and are interrupted
+  (SIGINT) once the first part is in the output folder. The first part file is what a user,
+  or a trainer reading the folder, waits for; the progress bar is not drawn without a
+  terminal. On a busy machine every run waits mostly for Ray to start, so the differences
+  are reported too. The 1,000-row file is read whole before the start, as the 50-row one,
+  but fills the engine (256 episodes in flight) as the N-row file does, so the N-row file's
+  time less its time is what the size of the task set adds.
 - ``memory``: the N-row file with ``--limit`` N/10 and N/5, and the shard set with
   ``--limit`` N/5: each process's peak RSS, seconds to the ``policy:`` line (Ray, the engine
   and its actors up, the run planned), to the first part file (1,000 rows a part, or 10 s),
@@ -183,19 +186,23 @@ def role_of(pid: int, root: int) -> str | None:
     return "ray daemons"
 
 
-def _memory(pid: int) -> tuple[int, int, int] | None:
-    """(RSS, peak RSS, anonymous RSS) of a live process, in bytes."""
+_PARTS = {"RssAnon": "anon", "RssFile": "file", "RssShmem": "shmem"}
+
+
+def _memory(pid: int) -> dict[str, int] | None:
+    """A live process's RSS, its peak (``VmHWM``) and the RSS's parts (anonymous, file-backed:
+    code and mapped files, shared memory: Ray's object store), in bytes."""
     status = _read(f"/proc/{pid}/status")
     if status is None:
         return None
     fields = {}
     for line in status.splitlines():
         key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM", "RssAnon"):
+        if key in ("VmRSS", "VmHWM", *_PARTS):
             fields[key] = int(value.split()[0]) * 1024
     if "VmRSS" not in fields:
         return None  # a zombie
-    return fields["VmRSS"], fields.get("VmHWM", 0), fields.get("RssAnon", 0)
+    return fields
 
 
 class Watcher(threading.Thread):
@@ -204,7 +211,7 @@ class Watcher(threading.Thread):
     def __init__(self, root: int) -> None:
         super().__init__(daemon=True)
         self.root = root
-        self.peaks: dict[int, dict[str, Any]] = {}  # pid -> role, peak and anonymous peak
+        self.peaks: dict[int, dict[str, Any]] = {}  # pid -> role, peak, the parts' peaks
         self.samples = 0
         self._stopped = threading.Event()
 
@@ -231,32 +238,32 @@ class Watcher(threading.Thread):
         memory = _memory(pid)
         if memory is None:
             return
-        rss, hwm, anon = memory
         entry = self.peaks.get(pid)
         if entry is None or entry["role"] in ("ray worker", "ray daemons"):
             role = role_of(pid, self.root)  # a worker's title changes once it holds an actor
             if role is None:
                 return
-            entry = self.peaks.setdefault(pid, {"role": role, "peak": 0, "anon": 0})
+            entry = self.peaks.setdefault(pid, {"role": role, "peak": 0})
             entry["role"] = role
-        entry["peak"] = max(entry["peak"], rss, hwm)
-        entry["anon"] = max(entry["anon"], anon)
+        entry["peak"] = max(entry["peak"], memory["VmRSS"], memory.get("VmHWM", 0))
+        for key, part in _PARTS.items():
+            entry[part] = max(entry.get(part, 0), memory.get(key, 0))
 
     def stop(self) -> None:
         self._stopped.set()
         self.join(timeout=5)
 
     def by_role(self) -> dict[str, dict[str, Any]]:
-        """Per role: the largest peak RSS of its processes (MB), the largest anonymous peak,
-        and how many processes it had."""
+        """Per role: the largest peak RSS of its processes (MB), the largest sampled peak of
+        each part of it (anonymous, file-backed, shared), and how many processes it had."""
         roles: dict[str, dict[str, Any]] = {}
         for entry in self.peaks.values():
-            role = roles.setdefault(
-                entry["role"], {"processes": 0, "peak_rss_mb": 0.0, "peak_anon_rss_mb": 0.0}
-            )
+            role = roles.setdefault(entry["role"], {"processes": 0, "peak_rss_mb": 0.0})
             role["processes"] += 1
-            role["peak_rss_mb"] = round(max(role["peak_rss_mb"], entry["peak"] / MB), 1)
-            role["peak_anon_rss_mb"] = round(max(role["peak_anon_rss_mb"], entry["anon"] / MB), 1)
+            for name, key in [("peak_rss_mb", "peak")] + [
+                (f"peak_{part}_rss_mb", part) for part in _PARTS.values()
+            ]:
+                role[name] = round(max(role.get(name, 0.0), entry.get(key, 0) / MB), 1)
         return dict(sorted(roles.items(), key=lambda item: -item[1]["peak_rss_mb"]))
 
 
@@ -473,14 +480,13 @@ def dead_policy(work: Path, tasks: Path) -> dict[str, Any]:
     }
 
 
-def first_episodes(collect: Collect, small: Path, big: Path, work: Path) -> dict[str, Any]:
-    """``first_episode`` of the 50-row file and of the N-row file, alternating, twice each:
-    each one's median, and the N-row file's over the 50-row file's (a run on a busy machine
-    waits mostly for Ray's start, which the two share)."""
-    runs: dict[str, list[dict[str, Any]]] = {"rows_50": [], "rows_n": []}
+def first_episodes(collect: Collect, files: dict[str, Path], work: Path) -> dict[str, Any]:
+    """``first_episode`` of each file (``rows_50``, ``rows_1000``, ``rows_n``), in turn, twice
+    each: each one's median, and the N-row file's less the others'."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in files}
     for _ in range(2):
-        runs["rows_50"].append(first_episode(collect, small, work / "first-50"))
-        runs["rows_n"].append(first_episode(collect, big, work / "first-n"))
+        for name, tasks in files.items():
+            runs[name].append(first_episode(collect, tasks, work / f"first-{name}"))
     result: dict[str, Any] = {}
     for name, each in runs.items():
         result[name] = {
@@ -488,9 +494,11 @@ def first_episodes(collect: Collect, small: Path, big: Path, work: Path) -> dict
             for key in ("ready_s", "first_part_s", "cpu_s")
         }
         result[name]["runs"] = each
-    result["rows_n_minus_rows_50_s"] = round(
-        result["rows_n"]["first_part_s"] - result["rows_50"]["first_part_s"], 2
-    )
+    for name in files:
+        if name != "rows_n":
+            result[f"rows_n_minus_{name}_s"] = round(
+                result["rows_n"]["first_part_s"] - result[name]["first_part_s"], 2
+            )
     return result
 
 
@@ -509,6 +517,8 @@ def memory_case(collect: Collect, tasks: Path, out: Path, limit: int) -> dict[st
         "episodes": rows,
         "driver_peak_rss_mb": roles["driver"]["peak_rss_mb"],
         "engine_peak_rss_mb": roles["EngineActor"]["peak_rss_mb"],
+        "driver_peak_anon_rss_mb": roles["driver"]["peak_anon_rss_mb"],
+        "engine_peak_anon_rss_mb": roles["EngineActor"]["peak_anon_rss_mb"],
         "episodes_per_s_from_ready": round(rows / played, 1),
         "episodes_per_s_whole_command": round(rows / result["total_s"], 1),
         **result,
@@ -611,8 +621,11 @@ def memory_cases(collect: Collect, work: Path, plain: Path, n: int, result: dict
     log("memory shards_limit_n_over_5", shard_run)
     file_run = memory["file_limit_n_over_5"]
     memory["shards_over_file"] = {
-        role: round(shard_run[f"{role}_peak_rss_mb"] / file_run[f"{role}_peak_rss_mb"], 3)
+        f"{role}{part}": round(
+            shard_run[f"{role}_peak{part}_rss_mb"] / file_run[f"{role}_peak{part}_rss_mb"], 3
+        )
         for role in ("driver", "engine")
+        for part in ("", "_anon")
     }
     return memory
 
@@ -653,7 +666,9 @@ def main() -> None:
                 cases["dead_policy"] = dead_policy(work, plain)
                 log("dead_policy", cases["dead_policy"])
             if "first_episode" in args.cases:
-                cases["first_episode"] = first_episodes(collect, small, plain, work)
+                files = {"rows_50": small, "rows_1000": work / "tasks-1000.jsonl", "rows_n": plain}
+                write_file(files["rows_1000"], 1000, ids=False, bad={}, repeat=(0, 0))
+                cases["first_episode"] = first_episodes(collect, files, work)
                 log("first_episode", cases["first_episode"])
             if "memory" in args.cases:
                 cases["memory"] = memory_cases(collect, work, plain, n, result)
