@@ -22,8 +22,11 @@ row is written as JSON by the worker), which the driver checks as it checks a fi
 (``tasks.row_from_line``). Blocks come back in shard order (``preserve_order``), so
 ``--limit`` takes the same rows on every run and ``--resume`` finds them again.
 
-The first rows are read here, without Ray (``local_rows``), so that a bad first row is
-reported before anything starts, as with one file; ``stream`` goes on after them.
+The first rows are read before Ray starts (``local_rows``), so that a bad first row is
+reported before anything starts, as with one file; ``stream`` goes on after them. The
+driver reads JSONL shards' lines itself; Parquet is decoded in other processes only: the
+head and the footers' row count by a child process (``task_shard_head``), the rest by Ray
+Data's read tasks, because decoding it would grow the driver for the whole run.
 """
 
 from __future__ import annotations
@@ -35,8 +38,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-import pyarrow.parquet as pq
-
+from rayrollout.data.task_shard_head import HeadReadError, count_apart, head_apart
 from rayrollout.data.tasks import SourceRow, row_from_line
 from rayrollout.errors import InputError
 
@@ -87,6 +89,8 @@ def shard_lines(file: IO[bytes], parquet: bool) -> Iterator[tuple[int, bytes]]:
     not blank, split on ``\\n`` only (numbered as a text editor numbers them); a Parquet
     shard's rows as JSON, numbered from 1, null fields left out as a file's are."""
     if parquet:
+        import pyarrow.parquet as pq  # in the processes that read shards, not the driver
+
         number = 0
         for batch in pq.ParquetFile(file).iter_batches(batch_size=1024):
             for row in batch.to_pylist():
@@ -150,26 +154,52 @@ class ShardSet:
         return Path(path).absolute().relative_to(self.root).as_posix()
 
     def count_rows(self) -> int | None:
-        """Rows in the set, from the Parquet footers alone; None if a shard is JSONL
-        (counting its lines would read every byte in the driver)."""
+        """Rows in the set, from the Parquet footers alone, read by a child process; None if
+        a shard is JSONL (counting its lines would read every byte in the driver) or a
+        footer cannot be read."""
         if any(p.suffix != ".parquet" for p in self.files):
             return None
-        return sum(pq.read_metadata(p).num_rows for p in self.files)
+        return count_apart(self.files)
 
     def local_rows(self, limit: int) -> Iterator[SourceRow]:
-        """The first ``limit`` rows of the set, read in this process (no Ray), shard after
-        shard; ``stream`` goes on from the row after the last one taken."""
+        """The first ``limit`` rows of the set, read without Ray, shard after shard (a JSONL
+        shard's lines here, Parquet from the first Parquet shard on by a child process);
+        ``stream`` goes on from the row after the last one taken.
+
+        Raises:
+            ShardReadError: a shard of the head cannot be read, named.
+        """
         count = 0
         for index, path in enumerate(self.files):
+            if path.suffix == ".parquet":
+                yield from self._rows_apart(index, limit - count)
+                return
             name = self.name(path)
             with path.open("rb") as file:
-                for line, raw in shard_lines(file, path.suffix == ".parquet"):
+                for line, raw in shard_lines(file, parquet=False):
                     if count >= limit:
                         return
                     count += 1
                     self._taken = (index, line)
                     yield name, line, *row_from_line(name, line, raw)
             self._taken = (index + 1, 0)
+
+    def _rows_apart(self, start: int, limit: int) -> Iterator[SourceRow]:
+        """``local_rows`` from shard ``start`` on, read by a child process."""
+        if limit <= 0:
+            return
+        try:
+            rows = head_apart(self.files[start:], limit)
+        except HeadReadError as exc:
+            shard = "" if exc.index is None else f"{self.name(self.files[start + exc.index])}: "
+            raise ShardReadError(f"cannot read the shard set {self.spec}: {shard}{exc}") from None
+        for offset, line, raw in rows:
+            index = start + offset
+            name = self.name(self.files[index])
+            self._taken = (index, line)
+            yield name, line, *row_from_line(name, line, raw)
+        if len(rows) < limit:  # the set ended within the head
+            self._taken = (len(self.files), 0)
 
     def stream(self) -> Iterator[SourceRow]:
         """The rows after those ``local_rows`` handed out, through Ray Data, in shard order.
