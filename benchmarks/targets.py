@@ -173,7 +173,8 @@ TARGETS: tuple[Target, ...] = (
     ),
     Target(
         "task_scale",
-        "driver's peak anonymous RSS, shards / file, 200,000 episodes",
+        "driver's peak anonymous RSS (no libraries, no shared memory), shards / file: where "
+        "a difference of the driver's peak RSS lies",
         "cases.memory.shards_over_file.driver_anon",
     ),
     Target(

@@ -39,12 +39,18 @@ ids and bad rows, and 10 N rows as 20 Parquet shards read through Ray Data. N is
   output must hold each of the N-4 valid tasks' ``(task_id, sample_index)`` once:
   ``duplicated`` and ``lost`` are counted with pyarrow.
 
-The machine's load average is recorded before and after every command: RSS is what these
-runs are for; seconds on a busy machine are upper bounds. A command whose Ray did not start
-within Ray's own 30 s (a busy machine) is run again (``ray_start_retries``).
+The machine's load (its 1-minute average) is recorded before and after every command and
+every case: RSS does not depend on it; seconds on a busy machine are upper bounds. A command
+whose Ray did not start within Ray's own 30 s (a busy machine) is run again
+(``ray_start_retries``).
 
-    python benchmarks/task_scale.py            # N = 10^6, shards of 10^7 rows
-    python benchmarks/task_scale.py --smoke    # N = 10^4, shards of 10^5 rows
+``--cases`` runs some of the cases; the others are kept from the result file (each case
+holds ``run``: the command that measured it and the load before and after it, so a file
+whose cases come from several runs says which run measured which).
+
+    python benchmarks/task_scale.py                  # N = 10^6, shards of 10^7 rows
+    python benchmarks/task_scale.py --cases memory   # that case again, the others kept
+    python benchmarks/task_scale.py --smoke          # N = 10^4, shards of 10^5 rows
 """
 
 from __future__ import annotations
@@ -72,7 +78,13 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import emit, free_port, keep_stdout_for_json, stub_policy  # noqa: E402
+from common import (  # noqa: E402
+    emit,
+    free_port,
+    keep_stdout_for_json,
+    result_path,
+    stub_policy,
+)
 from startup import READY_LINE, child_env, rayrollout_command  # noqa: E402
 from task_reading import CITIES, TOOL  # noqa: E402
 
@@ -630,21 +642,54 @@ def memory_cases(collect: Collect, work: Path, plain: Path, n: int, result: dict
     return memory
 
 
+def this_command() -> str:
+    """The command line of this run, as ``common.save_result`` records it."""
+    return " ".join(["python", f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]])
+
+
+def measured(value: dict[str, Any], load_before: float) -> dict[str, Any]:
+    """A case's figures with ``run``: this command and the load before and after the case."""
+    run = {"command": this_command(), "load_average_1m": {"before": load_before, "after": load()}}
+    return {**value, "run": run}
+
+
+def kept_cases(smoke: bool, run_now: list[str]) -> dict[str, Any]:
+    """The cases of the result file that this run does not measure (each with its ``run``)."""
+    path = result_path("task_scale", smoke)
+    if not path.exists():
+        return {}
+    earlier = json.loads(path.read_text())
+    if earlier.get("rows") is None:
+        return {}
+    return {
+        name: case
+        for name, case in earlier.get("cases", {}).items()
+        if name not in run_now and isinstance(case, dict) and "run" in case
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="10^4 rows, shards of 10^5")
     parser.add_argument("--rows", type=int, help="rows of the file (default 10^6)")
     parser.add_argument("--work", help="folder for the task sets (default: a temp folder)")
-    parser.add_argument("--cases", nargs="*", default=list(CASES), help="which cases to run")
+    parser.add_argument(
+        "--cases",
+        nargs="*",
+        default=list(CASES),
+        choices=CASES,
+        help="which cases to run (the others are kept from the result file)",
+    )
     args = parser.parse_args()
     n = args.rows or (10_000 if args.smoke else 1_000_000)
     keep_stdout_for_json()
-    lines = {"bad": [1, n // 2, n - 1], "repeat": (n // 20, n // 20 + 9 * n // 10)}
+    lines: dict[str, Any] = {"bad": [1, n // 2, n - 1], "repeat": (n // 20, n // 20 + 9 * n // 10)}
+    default_rows = args.rows is None  # a result of other sizes is not one to add cases to
+    kept = kept_cases(args.smoke, args.cases) if default_rows else {}
     result: dict[str, Any] = {
         "benchmark": "task_scale",
         "smoke": args.smoke,
         "cpus": os.cpu_count(),
-        "load_average_1m_before": load(),
         "rows": n,
         "shard_set_rows": SHARDS * (n // 2),
         "first_episode": "first part file in --out (output.rows_per_part: 1); then SIGINT",
@@ -663,23 +708,31 @@ def main() -> None:
         with stub_started() as base_url:
             collect = Collect(work, base_url)
             if "dead_policy" in args.cases:
-                cases["dead_policy"] = dead_policy(work, plain)
+                before = load()
+                cases["dead_policy"] = measured(dead_policy(work, plain), before)
                 log("dead_policy", cases["dead_policy"])
             if "first_episode" in args.cases:
+                before = load()
                 files = {"rows_50": small, "rows_1000": work / "tasks-1000.jsonl", "rows_n": plain}
                 write_file(files["rows_1000"], 1000, ids=False, bad={}, repeat=(0, 0))
-                cases["first_episode"] = first_episodes(collect, files, work)
+                cases["first_episode"] = measured(first_episodes(collect, files, work), before)
                 log("first_episode", cases["first_episode"])
             if "memory" in args.cases:
-                cases["memory"] = memory_cases(collect, work, plain, n, result)
+                before = load()
+                cases["memory"] = measured(memory_cases(collect, work, plain, n, result), before)
             if "bad_rows" in args.cases:
+                before = load()
                 with_ids = work / "tasks-ids.jsonl"
                 bad = dict(zip(lines["bad"], BAD_LINES, strict=True))
                 write_file(with_ids, n, ids=True, bad=bad, repeat=lines["repeat"])
                 plain.unlink()  # one file of N rows on disk at a time
-                cases["bad_rows"] = bad_rows_case(collect, with_ids, work / "bad-out", n, lines)
+                found = bad_rows_case(collect, with_ids, work / "bad-out", n, lines)
+                cases["bad_rows"] = measured(found, before)
                 log("bad_rows", cases["bad_rows"])
-    result["load_average_1m_after"] = load()
+    result["cases"] = {name: cases.get(name, kept.get(name)) for name in CASES}
+    result["cases"] = {name: case for name, case in result["cases"].items() if case is not None}
+    commands = {case["run"]["command"] for case in result["cases"].values()}
+    result["command"] = "; ".join(sorted(commands))  # each case's own: cases.<name>.run
     emit(result)
 
 
