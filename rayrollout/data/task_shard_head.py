@@ -10,6 +10,10 @@ named by shard and line as every row is. The head is read before anything starts
 included, so this is a plain process rather than a Ray task; the rows after the head are
 read by the reader actor (``task_shard_reader``).
 
+``shard_lines``, the one reading of a shard's rows (here, by the child, by Ray Data's read
+tasks through ``task_shard_source``, and for a JSONL shard's head by the driver), lives here
+so that the child imports Arrow and little else.
+
 The request comes on stdin as JSON (``{"head": limit, "paths": [...]}`` or ``{"count": true,
 "paths": [...]}``; a set may have thousands of shards, too many for a command line); the
 answer is one pickle on stdout: ``("rows", [(shard index, line, raw bytes), ...])``,
@@ -23,12 +27,40 @@ import os
 import pickle
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-__all__ = ["count_apart", "head_apart", "main"]
+__all__ = ["count_apart", "head_apart", "main", "shard_lines"]
 
 Answer = tuple[Any, ...]
+_READ_CHUNK = 1 << 20
+
+
+def shard_lines(file: IO[bytes], parquet: bool) -> Iterator[tuple[int, bytes]]:
+    """``(line, raw JSON)`` for every row of an open shard: a JSONL shard's lines that are
+    not blank, split on ``\\n`` only (numbered as a text editor numbers them); a Parquet
+    shard's rows as JSON, numbered from 1, null fields left out as a file's are."""
+    if parquet:
+        import pyarrow.parquet as pq  # in the processes that read shards, not the driver
+
+        number = 0
+        for batch in pq.ParquetFile(file).iter_batches(batch_size=1024):
+            for row in batch.to_pylist():
+                number += 1
+                kept = {k: v for k, v in row.items() if v is not None}
+                yield number, json.dumps(kept, ensure_ascii=False, default=str).encode()
+        return
+    number, rest = 0, b""
+    while chunk := file.read(_READ_CHUNK):
+        lines = (rest + chunk).split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            number += 1
+            if line.strip():
+                yield number, line
+    if rest.strip():
+        yield number + 1, rest
 
 
 def head_apart(paths: list[Path], limit: int) -> list[tuple[int, int, bytes]]:
@@ -84,8 +116,6 @@ def _ask(request: dict[str, Any]) -> Answer:
 
 def _answer(request: dict[str, Any]) -> Answer:
     import pyarrow.parquet as pq
-
-    from rayrollout.data.task_shards import shard_lines
 
     paths = [Path(p) for p in request["paths"]]
     index = 0

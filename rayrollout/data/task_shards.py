@@ -32,13 +32,12 @@ Data's read tasks, because decoding it would grow the driver for the whole run.
 from __future__ import annotations
 
 import glob
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from rayrollout.data.task_shard_head import HeadReadError, count_apart, head_apart
+from rayrollout.data.task_shard_head import HeadReadError, count_apart, head_apart, shard_lines
 from rayrollout.data.tasks import SourceRow, row_from_line
 from rayrollout.errors import InputError
 
@@ -52,7 +51,6 @@ __all__ = [
     "ShardReadError",
     "ShardSet",
     "is_shard_set",
-    "shard_lines",
 ]
 
 SHARD_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -70,7 +68,6 @@ the episodes."""
 CHUNK_BYTES = 64 << 10
 """Raw rows the driver takes from the reader per call: under Ray's 100 KiB limit for objects
 passed inline, so rows reach the driver without the object store (see ``stream``)."""
-_READ_CHUNK = 1 << 20
 _GLOB_CHARS = set("*?[")
 
 
@@ -82,32 +79,6 @@ def is_shard_set(path: str | Path) -> bool:
     """Whether ``path`` names a shard set (a directory, or a glob) rather than one file."""
     text = str(path)
     return Path(text).is_dir() or (not Path(text).exists() and bool(_GLOB_CHARS & set(text)))
-
-
-def shard_lines(file: IO[bytes], parquet: bool) -> Iterator[tuple[int, bytes]]:
-    """``(line, raw JSON)`` for every row of an open shard: a JSONL shard's lines that are
-    not blank, split on ``\\n`` only (numbered as a text editor numbers them); a Parquet
-    shard's rows as JSON, numbered from 1, null fields left out as a file's are."""
-    if parquet:
-        import pyarrow.parquet as pq  # in the processes that read shards, not the driver
-
-        number = 0
-        for batch in pq.ParquetFile(file).iter_batches(batch_size=1024):
-            for row in batch.to_pylist():
-                number += 1
-                kept = {k: v for k, v in row.items() if v is not None}
-                yield number, json.dumps(kept, ensure_ascii=False, default=str).encode()
-        return
-    number, rest = 0, b""
-    while chunk := file.read(_READ_CHUNK):
-        lines = (rest + chunk).split(b"\n")
-        rest = lines.pop()
-        for line in lines:
-            number += 1
-            if line.strip():
-                yield number, line
-    if rest.strip():
-        yield number + 1, rest
 
 
 class ShardSet:
