@@ -135,4 +135,58 @@ TARGETS: tuple[Target, ...] = (
         "sizes.1000000.bytes_per_row",
         "<= 100",
     ),
+    Target(
+        "task_scale",
+        "seconds to the error of a dead policy URL, 10^6-row tasks file",
+        "cases.dead_policy.seconds",
+        "<= 5",
+    ),
+    Target(
+        "task_scale",
+        "driver's peak RSS, MB, 10^6-row file, its first 100,000 episodes",
+        "cases.memory.file_limit_n_over_10.driver_peak_rss_mb",
+        "<= 400",
+    ),
+    Target(
+        "task_scale",
+        "seconds to the first episode, 10^6-row file",
+        "cases.first_episode.rows_n.first_part_s",
+        "<= 10",
+    ),
+    Target(
+        "task_scale",
+        "seconds to the first episode, 50-row file",
+        "cases.first_episode.rows_50.first_part_s",
+        "<= 10",
+    ),
+    Target(
+        "task_scale",
+        "driver's peak RSS, 10^7 rows in Parquet shards / 10^6-row file, 200,000 episodes",
+        "cases.memory.shards_over_file.driver",
+        "<= 1.1",
+    ),
+    Target(
+        "task_scale",
+        "engine's peak RSS, 10^7 rows in Parquet shards / 10^6-row file, 200,000 episodes",
+        "cases.memory.shards_over_file.engine",
+        "<= 1.1",
+    ),
+    Target(
+        "task_scale",
+        "driver's peak anonymous RSS (no libraries, no shared memory), shards / file: where "
+        "a difference of the driver's peak RSS lies",
+        "cases.memory.shards_over_file.driver_anon",
+    ),
+    Target(
+        "task_scale",
+        "episodes lost, 10^6 rows interrupted and resumed",
+        "cases.bad_rows.lost",
+        "== 0",
+    ),
+    Target(
+        "task_scale",
+        "episodes duplicated, 10^6 rows interrupted and resumed",
+        "cases.bad_rows.duplicated",
+        "== 0",
+    ),
 )

@@ -475,6 +475,16 @@ def latest_result(name: str) -> tuple[dict[str, Any] | None, bool]:
     return None, False
 
 
+def measured_by(result: dict[str, Any], target: Any) -> str:
+    """The command that measured a target's figure: its case's own (``cases.<name>.run``,
+    where a result's cases come from several runs), else the result's."""
+    default = result.get("command", f"python benchmarks/{target.benchmark}.py")
+    parts = target.field.split(".")
+    case = result.get("cases", {}).get(parts[1]) if parts[0] == "cases" and len(parts) > 1 else None
+    run = case.get("run") if isinstance(case, dict) else None
+    return str(run["command"]) if isinstance(run, dict) and "command" in run else str(default)
+
+
 def benchmarks_page() -> str:
     """``docs/reference/benchmarks.md``."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -504,7 +514,7 @@ def benchmarks_page() -> str:
                 f"`python benchmarks/{target.benchmark}.py`",
             )
         else:
-            command = code(result.get("command", f"python benchmarks/{target.benchmark}.py"))
+            command = code(measured_by(result, target))
             try:
                 value = lookup(result, target.field)
             except (KeyError, TypeError):

@@ -316,6 +316,47 @@ def test_a_shard_directory_reads_through_ray_data_naming_a_bad_row_by_shard(
     assert str(exc).startswith("sub/b.jsonl line 7: malformed JSON")
 
 
+def test_a_parquet_shard_sets_head_and_count_are_read_by_a_child_not_the_driver(
+    tmp_path, monkeypatch
+):
+    from rayrollout.data.task_shards import ShardReadError, ShardSet
+
+    shards = tmp_path / "set"
+    shards.mkdir()
+    write_rows(shards / "a.jsonl", [own_row(i) for i in range(3)])
+    pq.write_table(pa.Table.from_pylist([own_row(i) for i in range(3, 23)]), shards / "b.parquet")
+    pq.write_table(pa.Table.from_pylist([own_row(i) for i in range(23, 43)]), shards / "c.parquet")
+
+    def no_parquet_here(*args, **kwargs):
+        raise AssertionError("the driver decoded Parquet")
+
+    monkeypatch.setattr(pq, "ParquetFile", no_parquet_here)
+    monkeypatch.setattr(pq, "read_metadata", no_parquet_here)
+    head = ShardSet(shards)
+    rows = list(head.local_rows(25))
+    named = [(source, line) for source, line, _, _ in rows]
+    assert named == [("a.jsonl", i) for i in (1, 2, 3)] + [
+        ("b.parquet", i) for i in range(1, 21)
+    ] + [
+        ("c.parquet", 1),
+        ("c.parquet", 2),
+    ]
+    assert [row["task_id"] for _, _, row, _ in rows] == [f"t{i}" for i in range(25)]
+    assert head._taken == (2, 2)  # the stream goes on at c.parquet's line 3
+    assert head.count_rows() is None  # a JSONL shard: its lines are not counted
+    (shards / "a.jsonl").unlink()
+    assert ShardSet(shards).count_rows() == 40  # the footers, read by the child
+    whole = ShardSet(shards)
+    assert len(list(whole.local_rows(1000))) == 40 and whole._taken == (2, 0)
+
+    (shards / "b.parquet").write_text("not Parquet")
+    assert ShardSet(shards).count_rows() is None
+    with pytest.raises(ShardReadError) as caught:
+        list(ShardSet(shards).local_rows(1000))
+    print(f"\nSHARD HEAD {caught.value}")
+    assert str(caught.value).startswith(f"cannot read the shard set {shards}: b.parquet: ")
+
+
 # A streamed run, stopped and resumed.
 
 

@@ -43,10 +43,9 @@ def run_collect(config: RunConfig) -> RunSnapshot:
     from a count of the rows made beside the start, appears once the count is done.
     """
     from rayrollout.api.collect import MAX_ERRORS_SHOWN, plan_collect
-    from rayrollout.api.rollout_engine import RolloutEngine
-    from rayrollout.cli.progress import RunProgress, summary_table
-    from rayrollout.data.run_folder import REJECTS_FILE
 
+    # The engine (Ray, Serve) is imported once the checks before start have passed: a dead
+    # policy URL or a bad first row is reported without paying for it.
     plan = plan_collect(None, config, before_start=True, require_key=True)
     if plan.empty:
         console.print(
@@ -56,6 +55,10 @@ def run_collect(config: RunConfig) -> RunSnapshot:
             soft_wrap=True,
         )
         raise typer.Exit(0)
+    from rayrollout.api.rollout_engine import RolloutEngine
+    from rayrollout.cli.progress import RunProgress, summary_table
+    from rayrollout.data.run_folder import REJECTS_FILE
+
     engine = RolloutEngine(config)
     progress = RunProgress(console)
     planned: list[CollectPlan] = []
@@ -316,13 +319,15 @@ def collect(
     )
     if env_url:
         flags["environments"] = parse_env_urls(env_url, env)
-    from rayrollout.cli.failures import report_failures
     from rayrollout.data.config import load_config
 
     run_config = load_config(config, flags)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     with routed_logs(console, run_config.output.dir, verbose):
-        report_failures(console, run_collect(run_config))
+        summary = run_collect(run_config)
+        from rayrollout.cli.failures import report_failures  # after the run, as the engine
+
+        report_failures(console, summary)
 
 
 def demo(

@@ -18,7 +18,8 @@ from typing import Any
 import pyarrow as pa
 from ray.data.datasource import FileBasedDatasource
 
-from rayrollout.data.task_shards import BLOCK_ROWS, shard_lines
+from rayrollout.data.task_shard_head import shard_lines
+from rayrollout.data.task_shards import BLOCK_ROWS
 
 __all__ = ["TaskShardSource"]
 

@@ -22,21 +22,22 @@ row is written as JSON by the worker), which the driver checks as it checks a fi
 (``tasks.row_from_line``). Blocks come back in shard order (``preserve_order``), so
 ``--limit`` takes the same rows on every run and ``--resume`` finds them again.
 
-The first rows are read here, without Ray (``local_rows``), so that a bad first row is
-reported before anything starts, as with one file; ``stream`` goes on after them.
+The first rows are read before Ray starts (``local_rows``), so that a bad first row is
+reported before anything starts, as with one file; ``stream`` goes on after them. The
+driver reads JSONL shards' lines itself; Parquet is decoded in other processes only: the
+head and the footers' row count by a child process (``task_shard_head``), the rest by Ray
+Data's read tasks, because decoding it would grow the driver for the whole run.
 """
 
 from __future__ import annotations
 
 import glob
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-import pyarrow.parquet as pq
-
+from rayrollout.data.task_shard_head import HeadReadError, count_apart, head_apart, shard_lines
 from rayrollout.data.tasks import SourceRow, row_from_line
 from rayrollout.errors import InputError
 
@@ -50,7 +51,6 @@ __all__ = [
     "ShardReadError",
     "ShardSet",
     "is_shard_set",
-    "shard_lines",
 ]
 
 SHARD_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -68,7 +68,6 @@ the episodes."""
 CHUNK_BYTES = 64 << 10
 """Raw rows the driver takes from the reader per call: under Ray's 100 KiB limit for objects
 passed inline, so rows reach the driver without the object store (see ``stream``)."""
-_READ_CHUNK = 1 << 20
 _GLOB_CHARS = set("*?[")
 
 
@@ -80,30 +79,6 @@ def is_shard_set(path: str | Path) -> bool:
     """Whether ``path`` names a shard set (a directory, or a glob) rather than one file."""
     text = str(path)
     return Path(text).is_dir() or (not Path(text).exists() and bool(_GLOB_CHARS & set(text)))
-
-
-def shard_lines(file: IO[bytes], parquet: bool) -> Iterator[tuple[int, bytes]]:
-    """``(line, raw JSON)`` for every row of an open shard: a JSONL shard's lines that are
-    not blank, split on ``\\n`` only (numbered as a text editor numbers them); a Parquet
-    shard's rows as JSON, numbered from 1, null fields left out as a file's are."""
-    if parquet:
-        number = 0
-        for batch in pq.ParquetFile(file).iter_batches(batch_size=1024):
-            for row in batch.to_pylist():
-                number += 1
-                kept = {k: v for k, v in row.items() if v is not None}
-                yield number, json.dumps(kept, ensure_ascii=False, default=str).encode()
-        return
-    number, rest = 0, b""
-    while chunk := file.read(_READ_CHUNK):
-        lines = (rest + chunk).split(b"\n")
-        rest = lines.pop()
-        for line in lines:
-            number += 1
-            if line.strip():
-                yield number, line
-    if rest.strip():
-        yield number + 1, rest
 
 
 class ShardSet:
@@ -150,26 +125,52 @@ class ShardSet:
         return Path(path).absolute().relative_to(self.root).as_posix()
 
     def count_rows(self) -> int | None:
-        """Rows in the set, from the Parquet footers alone; None if a shard is JSONL
-        (counting its lines would read every byte in the driver)."""
+        """Rows in the set, from the Parquet footers alone, read by a child process; None if
+        a shard is JSONL (counting its lines would read every byte in the driver) or a
+        footer cannot be read."""
         if any(p.suffix != ".parquet" for p in self.files):
             return None
-        return sum(pq.read_metadata(p).num_rows for p in self.files)
+        return count_apart(self.files)
 
     def local_rows(self, limit: int) -> Iterator[SourceRow]:
-        """The first ``limit`` rows of the set, read in this process (no Ray), shard after
-        shard; ``stream`` goes on from the row after the last one taken."""
+        """The first ``limit`` rows of the set, read without Ray, shard after shard (a JSONL
+        shard's lines here, Parquet from the first Parquet shard on by a child process);
+        ``stream`` goes on from the row after the last one taken.
+
+        Raises:
+            ShardReadError: a shard of the head cannot be read, named.
+        """
         count = 0
         for index, path in enumerate(self.files):
+            if path.suffix == ".parquet":
+                yield from self._rows_apart(index, limit - count)
+                return
             name = self.name(path)
             with path.open("rb") as file:
-                for line, raw in shard_lines(file, path.suffix == ".parquet"):
+                for line, raw in shard_lines(file, parquet=False):
                     if count >= limit:
                         return
                     count += 1
                     self._taken = (index, line)
                     yield name, line, *row_from_line(name, line, raw)
             self._taken = (index + 1, 0)
+
+    def _rows_apart(self, start: int, limit: int) -> Iterator[SourceRow]:
+        """``local_rows`` from shard ``start`` on, read by a child process."""
+        if limit <= 0:
+            return
+        try:
+            rows = head_apart(self.files[start:], limit)
+        except HeadReadError as exc:
+            shard = "" if exc.index is None else f"{self.name(self.files[start + exc.index])}: "
+            raise ShardReadError(f"cannot read the shard set {self.spec}: {shard}{exc}") from None
+        for offset, line, raw in rows:
+            index = start + offset
+            name = self.name(self.files[index])
+            self._taken = (index, line)
+            yield name, line, *row_from_line(name, line, raw)
+        if len(rows) < limit:  # the set ended within the head
+            self._taken = (len(self.files), 0)
 
     def stream(self) -> Iterator[SourceRow]:
         """The rows after those ``local_rows`` handed out, through Ray Data, in shard order.
