@@ -103,7 +103,10 @@ def serve(app_name, port):
     path = os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": path, "OPENENV_TEST_SESSIONS": str(SESSIONS)}
     process = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", f"openenv_envs:{app_name}", "--port", str(port)],
+        # Pings every second, a pong late by a second drops the connection (uvicorn's
+        # defaults are 20 s each): sessions must answer them while the model thinks.
+        [sys.executable, "-m", "uvicorn", f"openenv_envs:{app_name}", "--port", str(port)]
+        + ["--ws-ping-interval", "1", "--ws-ping-timeout", "1"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -218,6 +221,21 @@ def test_every_session_was_closed(openenv_run):
     # Each server holds SESSIONS sessions at most and served 2 samples x 3 or 2 rows, at most
     # SESSIONS at once: a session left open would have refused a later episode.
     assert sum(len(v) for k, v in openenv_run.items() if k.endswith("-url")) == 10 > SESSIONS
+
+
+def test_a_session_outlives_the_servers_pings_between_steps(servers):
+    async def play():
+        episode = OpenEnvEpisode(SocketChannel(servers["guess"], timeout_s=10), {"seed": 3})
+        await episode.open()
+        try:
+            await episode.reset([Message(role="user", content="Guess.")])
+            await asyncio.sleep(4)  # a slow model: the server pinged meanwhile
+            return await episode.step(Message(role="assistant", content='{"guess": 4}'))
+        finally:
+            await episode.close()
+
+    result = asyncio.run(play())
+    assert result.reward == 1.0 and result.terminated
 
 
 class _LostServer:

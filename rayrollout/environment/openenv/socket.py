@@ -12,6 +12,10 @@ A ``VALIDATION_ERROR`` answer to a step is the action not fitting the action cla
 (``ActionRejected``); any other error frame, a closed socket or a timeout is an
 ``OpenEnvError`` naming the URL and the step. ``close`` sends ``close`` and ends the socket;
 the server then closes the instance.
+
+The socket is read all the time, not only while a step waits for its answer: the server
+pings it (uvicorn every 20 s) and drops a connection whose pong is late, and aiohttp answers
+a ping only when the socket is read. Between steps the model may think for minutes.
 """
 
 from __future__ import annotations
@@ -53,21 +57,25 @@ class SocketChannel:
         self.where = f"OpenEnv environment at {self.ws_url}"
         self.http: aiohttp.ClientSession | None = None
         self.ws: aiohttp.ClientWebSocketResponse | None = None
+        self.frames: asyncio.Queue[aiohttp.WSMessage] = asyncio.Queue()
+        self.reader: asyncio.Task[None] | None = None
         self.steps = 0
 
     async def open(self) -> dict[str, Any]:
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        self.http = aiohttp.ClientSession(timeout=timeout)
+        # No total timeout on the session: the socket lives as long as the episode.
+        self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
         try:
-            async with self.http.get(f"{self.http_url}/schema") as response:
-                text = await response.text()
-                if response.status >= 400:
-                    raise OpenEnvError(
-                        f"{self.where} answered HTTP {response.status} to GET /schema: "
-                        f"{text[:300]} (is it an OpenEnv server?)"
-                    )
-            schema = orjson.loads(text).get("action")
-            self.ws = await self.http.ws_connect(self.ws_url, max_msg_size=0)
+            async with asyncio.timeout(self.timeout_s):
+                async with self.http.get(f"{self.http_url}/schema") as response:
+                    text = await response.text()
+                    if response.status >= 400:
+                        raise OpenEnvError(
+                            f"{self.where} answered HTTP {response.status} to GET /schema: "
+                            f"{text[:300]} (is it an OpenEnv server?)"
+                        )
+                schema = orjson.loads(text).get("action")
+                self.ws = await self.http.ws_connect(self.ws_url, max_msg_size=0)
+            self.reader = asyncio.create_task(self._read(self.ws))
         except OpenEnvError:
             raise
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, AttributeError) as exc:
@@ -90,7 +98,8 @@ class SocketChannel:
             raise OpenEnvError(f"{self.where} was not opened before {what}")
         try:
             await self.ws.send_str(orjson.dumps(message).decode())
-            frame = await self.ws.receive(timeout=self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                frame = await self.frames.get()
         except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
             raise self._lost(what, f"{type(exc).__name__}: {exc}") from None
         except TimeoutError:
@@ -124,12 +133,23 @@ class SocketChannel:
                 f"(got {problem.get('input')!r:.200})"
             ) from None
 
+    async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        """Every frame into ``frames`` (pings answered on the way), the closing one last."""
+        while True:
+            try:
+                frame = await ws.receive()
+            except Exception as exc:  # as a frame, so the step waiting for one is told
+                frame = aiohttp.WSMessage(aiohttp.WSMsgType.ERROR, exc, None)
+            self.frames.put_nowait(frame)
+            if frame.type not in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
+                return
+
     def _lost(self, what: str, why: str) -> OpenEnvError:
         return OpenEnvError(f"{self.where}: the session was lost during {what}: {why}")
 
     async def close(self) -> None:
-        ws, http = self.ws, self.http
-        self.ws = self.http = None
+        ws, http, reader = self.ws, self.http, self.reader
+        self.ws = self.http = self.reader = None
         try:
             if ws is not None and not ws.closed:
                 try:
@@ -138,6 +158,8 @@ class SocketChannel:
                     pass  # the server is gone: nothing of the session is left to release
                 await asyncio.wait_for(ws.close(), self.timeout_s)
         finally:
+            if reader is not None:
+                reader.cancel()
             if http is not None:
                 await http.close()
 
