@@ -120,6 +120,15 @@ class GuessEnv(Environment[GuessAction, GuessObservation, State]):
         return self._state
 
 
+class NanEnv(GuessEnv):
+    """A guess whose reward is not a number."""
+
+    def step(
+        self, action: GuessAction, timeout_s: float | None = None, **kw: Any
+    ) -> GuessObservation:
+        return GuessObservation(feedback="?", reward=float("nan"))
+
+
 SESSIONS = int(os.environ.get("OPENENV_TEST_SESSIONS", "16"))
 counter_app = create_app(
     CounterEnv, CallToolAction, CallToolObservation, max_concurrent_envs=SESSIONS

@@ -37,6 +37,7 @@ from rayrollout.cli.commands import app  # noqa: E402
 from rayrollout.data.schema import Message  # noqa: E402
 from rayrollout.environment.openenv.channel import Payload  # noqa: E402
 from rayrollout.environment.openenv.episode import OpenEnvEpisode  # noqa: E402
+from rayrollout.environment.openenv.inline import InlineChannel  # noqa: E402
 from rayrollout.environment.openenv.socket import SocketChannel  # noqa: E402
 from rayrollout.environment.reset_step import ResetStepError  # noqa: E402
 
@@ -300,6 +301,20 @@ def test_an_unreachable_server_fails_the_episode_naming_the_url():
     assert "could not be opened" in asyncio.run(play())
 
 
-def test_a_nan_reward_is_refused():
+def test_a_reward_that_is_not_a_number_fails_the_step_naming_it():
     with pytest.raises(ValidationError):
         Payload.model_validate({"observation": {}, "reward": float("nan")})
+
+    async def play():
+        episode = OpenEnvEpisode(InlineChannel("openenv_envs:NanEnv"), {"seed": 1})
+        await episode.open()
+        try:
+            await episode.reset([Message(role="user", content="Guess.")])
+            with pytest.raises(ResetStepError) as refused:
+                await episode.step(Message(role="assistant", content='{"guess": 1}'))
+            return str(refused.value)
+        finally:
+            await episode.close()
+
+    expected = "OpenEnv environment openenv_envs:NanEnv answered step with the reward nan"
+    assert asyncio.run(play()) == expected

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
@@ -150,6 +151,10 @@ class InlineChannel:
         from openenv.core.env_server.serialization import serialize_observation
         from openenv.core.env_server.types import WSObservationResponse
 
+        reward = getattr(observation, "reward", None)
+        if isinstance(reward, float) and not math.isfinite(reward):
+            # On the wire it would turn null (pydantic writes NaN as null), a silent 0.
+            raise OpenEnvError(f"{self.where} answered {what} with the reward {reward}")
         try:
             # As the server's answer goes on the wire: JSON values (an enum as its value).
             frame = WSObservationResponse(data=serialize_observation(observation))
