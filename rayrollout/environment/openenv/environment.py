@@ -87,7 +87,9 @@ class OpenEnvEnvironment(Environment):
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
-        """By URL it needs nothing; by class, ``openenv`` (asked before a run starts)."""
+        """None: by URL it needs nothing. By class it needs ``openenv``, which only the
+        args say (this is asked of the class), so each episode's ``setup`` names the extra
+        when it is missing."""
         return None
 
     def _channel(self) -> OpenEnvChannel:
