@@ -1,10 +1,12 @@
-"""The reset/step agent: plays any environment of the reset/step kind (skyrl-gym, GEM).
+"""The reset/step agent: plays any environment of the reset/step kind (skyrl-gym, GEM,
+OpenEnv, NeMo Gym's Gymnasium-style servers).
 
 reset -> model -> its reply as the action -> step -> the observation as the next user turn
 -> model ... until the environment says terminated or truncated, or the episode is out of
 policy calls (``max_turns``: the verifier still runs). Each call sends the whole transcript,
-so every turn extends the one before: the episode is one token sequence. No tools are
-offered: these environments read actions from the reply's text.
+so every turn extends the one before: the episode is one token sequence. The model is
+offered the tools the environment's reset names (an OpenEnv MCP environment's), else none:
+most of these environments read actions from the reply's text.
 
 What it records: every step's reward on the policy turn whose reply was the action
 (``Turn.step_reward``), for credit assignment; the episode's reward is the environment's
@@ -48,13 +50,16 @@ class ResetStep(Agent):
             raise EpisodeEnd(
                 "error",
                 f"agent '{_NAME}': environment '{episode.task.environment}' cannot be stepped "
-                "here: it is not a reset/step environment (skyrl_gym, gem), or it is hosted "
-                "on Serve (reset/step environments run inline: hosting: inline)",
+                "here: it is not a reset/step environment (skyrl_gym, gem, openenv), or it is "
+                "hosted on Serve (reset/step environments run inline: hosting: inline)",
             )
         opening = await _timed(episode, "reset", environment.reset(list(episode.messages)))
         episode.messages[:] = opening.messages
+        if opening.tools:  # the environment's own tools (OpenEnv's MCP ones), as recorded
+            episode.trajectory.tools = opening.tools
         while True:
-            reply = await episode.model(tools=[])  # raises OutOfTurns past max_turns
+            # raises OutOfTurns past max_turns
+            reply = await episode.model(tools=opening.tools)
             episode.messages.append(reply)
             result = await _timed(episode, "step", environment.step(reply))
             episode.trajectory.turns[-1].step_reward = result.reward  # the call just made

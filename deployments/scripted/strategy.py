@@ -4,9 +4,10 @@ A fixed strategy per environment, chosen by the tools the request offers. It sta
 the model's judgement in tests, the demo and overhead benchmarks; it says nothing about
 model quality. A user message may carry ``[[sleep=SECONDS]]`` to make the call slow (for
 timeout tests). A system or user message may carry ``[[replies=["...", "..."]]]`` (a JSON
-list of strings): the k-th answer of the conversation is then its k-th reply (the last one
-again past the end), as plain text: scripted actions for environments that read the
-model's text (reset/step environments such as skyrl-gym's and GEM's).
+list): the k-th answer of the conversation is then its k-th reply (the last one again past
+the end): a string as plain text (scripted actions for environments that read the model's
+text, such as skyrl-gym's and GEM's), an object ``{"tool": NAME, "arguments": {...}}`` as
+one call of that tool (scripted tool calls, such as an OpenEnv MCP environment's).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def requested_sleep(messages: list[dict[str, Any]]) -> float:
     return 0.0
 
 
-def scripted_replies(messages: list[dict[str, Any]]) -> list[str] | None:
+def scripted_replies(messages: list[dict[str, Any]]) -> list[str | dict[str, Any]] | None:
     """The replies of the first ``[[replies=[...]]]`` directive in a system or user message."""
     for message in messages:
         text = _text(message.get("content"))
@@ -50,7 +51,7 @@ def scripted_replies(messages: list[dict[str, Any]]) -> list[str] | None:
             replies, _ = json.JSONDecoder().raw_decode(text, start + len(REPLIES_DIRECTIVE))
         except json.JSONDecodeError:
             continue
-        if isinstance(replies, list) and replies and all(isinstance(r, str) for r in replies):
+        if isinstance(replies, list) and replies and all(_reply(r) for r in replies):
             return replies
     return None
 
@@ -60,7 +61,10 @@ def next_action(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> 
     replies = scripted_replies(messages)
     if replies is not None:
         answered = sum(1 for m in messages if m.get("role") == "assistant")
-        return Action(text=replies[min(answered, len(replies) - 1)])
+        reply = replies[min(answered, len(replies) - 1)]
+        if isinstance(reply, dict):
+            return Action(tool=reply["tool"], arguments=json.dumps(reply.get("arguments", {})))
+        return Action(text=reply)
     names = [t.get("function", t).get("name") for t in tools]
     prompt = next(
         (_text(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), ""
@@ -75,6 +79,13 @@ def next_action(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> 
     result = _text(results[-1].get("content"))
     last_call = calls[-1]["function"] if calls else {"name": names[0], "arguments": "{}"}
     return Action(text=_answer(last_call, result))
+
+
+def _reply(reply: Any) -> bool:
+    """Whether a scripted reply is usable: text, or ``{"tool": NAME, "arguments": {...}}``."""
+    if isinstance(reply, dict):
+        return isinstance(reply.get("tool"), str) and isinstance(reply.get("arguments", {}), dict)
+    return isinstance(reply, str)
 
 
 def _first_call(names: list[str], tools: list[dict[str, Any]], prompt: str) -> Action:

@@ -35,7 +35,7 @@ env_app = typer.Typer(no_args_is_help=True, help="Inspect registered environment
 
 @env_app.command("list")
 def env_list() -> None:
-    """List registered environments with their hosting mode and tools."""
+    """List registered environments with their source, hosting mode and tools."""
     from rich.table import Table
 
     from rayrollout.environment.registry import (
@@ -45,15 +45,18 @@ def env_list() -> None:
     )
 
     table = Table(title="environments")
-    for column in ("name", "class", "hosting", "tools"):
+    for column in ("name", "source", "class", "hosting", "tools"):
         table.add_column(column)
     for name, path in sorted(available_environments().items()):
         try:
             cls = load_environment(name)
             tools = ", ".join(t["function"]["name"] for t in cls.tool_schemas())
-            table.add_row(name, path, cls.default_hosting, tools)
+            # The library an environment comes from (skyrl-gym, GEM, OpenEnv), else the
+            # package that defines it.
+            source = getattr(cls, "source", "") or cls.__module__.split(".")[0]
+            table.add_row(name, source, path, cls.default_hosting, tools)
         except UnknownEnvironmentError as exc:
-            table.add_row(name, path, "-", f"[red]{exc}")
+            table.add_row(name, "-", path, "-", f"[red]{exc}")
     Console().print(table)
 
 

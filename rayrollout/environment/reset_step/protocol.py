@@ -46,6 +46,11 @@ class Opening(BaseModel):
         description="The task's prompt as the environment hands it back, with its first "
         "observation (a user message) where it gives one.",
     )
+    tools: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Tools the model is offered (OpenAI chat function schemas): an MCP "
+        "environment's; none for sources that read the reply's text.",
+    )
     info: dict[str, Any] = Field(default_factory=dict, description="The source's reset info.")
 
 

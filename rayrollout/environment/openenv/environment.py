@@ -1,0 +1,126 @@
+"""``OpenEnvEnvironment``: an OpenEnv environment as a rayrollout environment ('openenv').
+
+Either by URL (``url``: a server running OpenEnv's own FastAPI app, played over its
+WebSocket session) or by class (``env_class``: the environment made in the worker, so no
+server is needed). Either way one episode is one environment instance, played by the
+``reset_step`` agent (``episode.OpenEnvEpisode``): opened in ``setup``, closed in ``close``
+(failed episodes included); a session lost mid-episode ends the episode ``error`` naming
+it. A row may carry ``seed`` and ``reset_kwargs`` (the reset's other arguments).
+
+Config (a server by URL, and a class in the workers)::
+
+    environments:
+      counter:
+        path: rayrollout.environment.openenv:OpenEnvEnvironment
+        args: {url: "http://127.0.0.1:8000"}
+      guess:
+        path: rayrollout.environment.openenv:OpenEnvEnvironment
+        args: {env_class: "my_envs.guess:GuessEnv"}
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from rayrollout.data.schema import Message, Task
+from rayrollout.environment.contract import Environment, Episode, Verification
+from rayrollout.environment.openenv.channel import OpenEnvChannel, OpenEnvError
+from rayrollout.environment.openenv.episode import OpenEnvEpisode
+from rayrollout.environment.openenv.inline import InlineChannel
+from rayrollout.environment.openenv.socket import SocketChannel
+from rayrollout.environment.reset_step.protocol import Opening, StepResult
+
+__all__ = ["OpenEnvEnvironment"]
+
+INSTALL = "pip install 'rayrollout[openenv]'"
+
+
+class OpenEnvEnvironment(Environment):
+    """An OpenEnv environment by URL or by class, one instance per episode."""
+
+    name = "openenv"
+    source = "OpenEnv"
+    default_hosting = "inline"  # the agent steps it from the worker (a client, or the class)
+
+    def __init__(
+        self,
+        task: Task,
+        *,
+        url: str | None = None,
+        env_class: str | None = None,
+        action_class: str | None = None,
+        seed: int | None = None,
+        reset_kwargs: dict[str, Any] | None = None,
+        describe_action: bool = True,
+        timeout_s: float = 60.0,
+    ) -> None:
+        """
+        Args:
+            task: The episode's task; its ``seed`` and ``reset_kwargs`` win over the args.
+            url: Base URL of a server running OpenEnv's app ('http://127.0.0.1:8000').
+            env_class: 'module:Class' of an OpenEnv environment, made in the worker.
+            action_class: 'module:Class' of its action, where the class does not say it.
+            seed: The reset seed of rows without one.
+            reset_kwargs: Other reset arguments of rows without their own.
+            describe_action: Tell the model a typed action's JSON schema.
+            timeout_s: How long one answer of a server may take.
+        """
+        super().__init__(task)
+        if (url is None) == (env_class is None):
+            raise OpenEnvError(
+                "OpenEnv environment: give exactly one of 'url' (a server running OpenEnv's "
+                "app) and 'env_class' (the class, made in the worker), in "
+                "environments.NAME.args"
+            )
+        self.url = url
+        self.env_class = env_class
+        self.action_class = action_class
+        self.timeout_s = timeout_s
+        self.describe_action = describe_action
+        data = dict(task.fields.get("reset_kwargs") or reset_kwargs or {})
+        row_seed = task.fields.get("seed", seed)
+        if row_seed is not None:
+            data["seed"] = row_seed
+        self.reset_data = data
+        self.episode: OpenEnvEpisode | None = None
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """None: by URL it needs nothing. By class it needs ``openenv``, which only the
+        args say (this is asked of the class), so each episode's ``setup`` names the extra
+        when it is missing."""
+        return None
+
+    def _channel(self) -> OpenEnvChannel:
+        if self.url is not None:
+            return SocketChannel(self.url, self.timeout_s)
+        if importlib.util.find_spec("openenv") is None:
+            raise OpenEnvError(
+                f"OpenEnv environment {self.env_class}: the 'openenv' package is not "
+                f"installed; {INSTALL}"
+            )
+        assert self.env_class is not None
+        return InlineChannel(self.env_class, self.action_class)
+
+    async def setup(self) -> None:
+        self.episode = OpenEnvEpisode(self._channel(), self.reset_data, self.describe_action)
+        await self.episode.open()
+
+    async def reset(self, prompt: list[Message]) -> Opening:
+        return await self._episode().reset(prompt)
+
+    async def step(self, action: Message) -> StepResult:
+        return await self._episode().step(action)
+
+    async def verify(self, episode: Episode) -> Verification:
+        return self._episode().verification()
+
+    async def close(self) -> None:
+        if self.episode is not None:
+            await self.episode.close()
+
+    def _episode(self) -> OpenEnvEpisode:
+        if self.episode is None:
+            raise OpenEnvError("OpenEnv environment: its session was never opened (no setup)")
+        return self.episode
