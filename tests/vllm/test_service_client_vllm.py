@@ -136,6 +136,8 @@ def service(tiny_vllm: TinyVllm, tmp_path_factory: pytest.TempPathFactory) -> It
             engine = lookup_engine(NAMESPACE)
             update = ray.get(engine.update_weights.remote(str(tiny_vllm.model_path)), timeout=600)
             assert update["replicas"] == REPLICAS, update
+            # A trainer that failed while paused left vLLM paused: the app is shared.
+            ray.get(engine.resume.remote(), timeout=600)
         finally:
             down(NAMESPACE)
 
