@@ -211,6 +211,37 @@ def test_policy_kinds_are_found_by_name_beside_their_deployments():
     assert policy_kind("vllm").build_app.__module__ == "rayrollout.deployments.vllm.kind"
 
 
+def test_kind_vllm_with_a_base_url_attaches_to_that_app_and_sends_it_the_policy_key(monkeypatch):
+    """A vLLM app already up (deployed by another run): the run deploys nothing, and both
+    the workers' calls and the weight updates (its control routes) carry the policy key."""
+    from pydantic import SecretStr, ValidationError
+
+    from rayrollout.auth import RouteAuth
+    from rayrollout.data.config import RunConfig
+    from rayrollout.engine.secret_env import workers_policy_key
+    from rayrollout.engine.services import prepare_policy
+    from rayrollout.engine.weights import WeightSync
+    from rayrollout.policy.kinds import policy_kind
+
+    monkeypatch.setenv("SHARED_VLLM_KEY", "the-apps-key")
+    url = "http://127.0.0.1:8000/other-run/policy/v1"
+    policy = {"kind": "vllm", "model": "tiny", "api_key_env": "SHARED_VLLM_KEY"}
+    config = RunConfig.model_validate({"policy": {**policy, "base_url": url}})
+    assert not policy_kind("vllm").deploys(config)
+    assert prepare_policy(config, RouteAuth.bearer("run-token")) == (url, None)
+    key = workers_policy_key(config, SecretStr("run-token"))
+    assert key is not None and key.get_secret_value() == "the-apps-key"
+    backend = WeightSync(config, url, [], key.get_secret_value()).backend
+    assert backend.base == "http://127.0.0.1:8000/other-run/policy"
+    assert backend.headers == {"Authorization": "Bearer the-apps-key"}
+
+    deployed = RunConfig.model_validate({"policy": {**policy, "vllm_config": "cpu.yaml"}})
+    assert policy_kind("vllm").deploys(deployed)
+    assert workers_policy_key(deployed, SecretStr("run-token")).get_secret_value() == "run-token"
+    with pytest.raises(ValidationError, match="not both"):
+        RunConfig.model_validate({"policy": {**policy, "base_url": url, "vllm_config": "x.yaml"}})
+
+
 @pytest.fixture
 def fresh_policy_kinds():
     """The policy-kind caches emptied before and after, so a patched entry point list counts."""

@@ -7,7 +7,10 @@ Weight updates go over the app's control endpoints (Ray's ``DevIngress``, deploy
 ``control_endpoints: true``): ``POST /pause`` (vLLM's ``pause_generation`` on every replica,
 KV and prefix caches cleared), ``POST /collective_rpc`` of
 ``rayrollout_reload_weights(weights_path=...)`` (every worker of every replica reloads the
-checkpoint in place; ``worker.py``), ``POST /resume``.
+checkpoint in place; ``worker.py``), ``POST /resume``. A run whose ``policy.base_url`` names
+an app of this kind already up (deployed by another run, in another namespace) deploys
+nothing and sends those calls there, with the policy key (``policy.api_key_env``): the key
+that app's routes take.
 """
 
 from __future__ import annotations
@@ -110,4 +113,5 @@ VLLM = PolicyKind(
     "vllm",
     build_vllm_policy_app,
     lambda config, url, token: VllmWeights(url, config.policy.model, token),
+    attaches=True,  # policy.base_url: an app already up, its control routes take the key
 )

@@ -364,9 +364,10 @@ def check_output_folder(config: RunConfig) -> None:
 
 
 def external_policy(config: RunConfig) -> bool:
-    """Whether the run uses a policy server it does not deploy (kind ``openai``: a kind
-    without a Serve app). An unknown kind raises ``UnknownPolicyKindError`` here, early."""
-    return not policy_kind(config.policy.kind).deployed
+    """Whether the run uses a policy server it does not deploy (kind ``openai``, or a vLLM
+    app already up at ``policy.base_url``). An unknown kind raises
+    ``UnknownPolicyKindError`` here, early."""
+    return not policy_kind(config.policy.kind).deploys(config)
 
 
 def check_policy_key(config: RunConfig, require_key: bool) -> str | None:

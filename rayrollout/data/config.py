@@ -75,11 +75,13 @@ class PolicyConfig(_Config):
         default="scripted",
         description="'scripted': the built-in test policy on Ray Serve; 'openai': any "
         "OpenAI-compatible endpoint at base_url; 'vllm': vLLM on Ray Serve LLM, deployed "
-        "from the YAML file vllm_config names.",
+        "from the YAML file vllm_config names, or one already up at base_url (deployed by "
+        "another run) whose control routes take new weights.",
     )
     vllm_config: str | None = Field(
         default=None,
-        description="Kind 'vllm': path of the deployment YAML (deployments/vllm/cpu.yaml).",
+        description="Kind 'vllm': path of the deployment YAML (deployments/vllm/cpu.yaml); "
+        "unset with base_url: the app already up there.",
     )
     tokenizer: str | None = Field(
         default=None,
@@ -93,7 +95,9 @@ class PolicyConfig(_Config):
         "/v1/completions, so each prompt extends the last exactly (vLLM).",
     )
     base_url: str | None = Field(
-        default=None, description="Endpoint for kind 'openai', e.g. http://host:8000/v1."
+        default=None,
+        description="Endpoint for kind 'openai', e.g. http://host:8000/v1; for kind 'vllm', "
+        "the /v1 URL of a Ray Serve LLM app already up, with control endpoints.",
     )
     model: str = Field(default="scripted", description="Model name sent with every request.")
     api: Literal["chat", "responses"] = Field(
@@ -142,6 +146,15 @@ class PolicyConfig(_Config):
             raise ValueError(
                 "api 'responses' does not work with kind 'vllm': Ray Serve LLM's ingress has "
                 "no /v1/responses. Use api: chat, or prompt_mode: token_ids (/v1/completions)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _vllm_deploys_or_attaches(self) -> PolicyConfig:
+        if self.kind == "vllm" and self.base_url and self.vllm_config:
+            raise ValueError(
+                "kind 'vllm' takes vllm_config (the run deploys that app) or base_url (an app "
+                "already up), not both: leave one out"
             )
         return self
 

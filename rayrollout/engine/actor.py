@@ -116,7 +116,7 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         policy_url: str,
         run_id: str,
         detached: bool = False,
-        policy_key: SecretStr | None = None,  # for the workers only (engine/secret_env.py)
+        policy_key: SecretStr | None = None,  # the workers' and weights' (secret_env.py)
         driver_pid: int | None = None,  # the run's driver, noted in the folder's lock
         route_token: SecretStr | None = None,  # what the run's HTTP routes take (auth.py)
         workers: list[Any] | None = None,  # started by the driver beside this actor
@@ -155,7 +155,9 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         self.all_done = asyncio.Event()
         self.all_done.set()
         self.batch_first_part = 0
-        self.weights = WeightSync(config, policy_url, self.workers, token)
+        # The key the policy's routes take (the run's token for a policy it deployed).
+        key = policy_key.get_secret_value() if policy_key is not None else None
+        self.weights = WeightSync(config, policy_url, self.workers, key)
         self.sampling = SamplingCounts()
         self.waiters: dict[int, _Waiter] = {}  # id(spec) -> the generate() call awaiting it
         # The next free sample index per task id, as digests: read from the folder when first

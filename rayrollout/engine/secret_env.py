@@ -12,14 +12,16 @@ Two rules, because a Ray process inherits the environment of whoever started it:
 2. **The policy key travels to the workers only, as data.** The driver reads it once
    (``policy_key``) and hands it to the engine actor's constructor as a ``SecretStr``; the
    engine hands it to each worker's constructor, and the worker gives it to its
-   ``PolicyClient``. It is never put in a process environment (not even the workers': tool
-   subprocesses of an inline environment would inherit it there), never in a
-   ``runtime_env`` (Ray shows those in its state API and dashboard), and its repr is
-   ``'**********'``, so a logged argument shows stars. Ray keeps an actor's constructor
-   arguments to restart it, so a restarted worker gets the key again. On a joined cluster
-   this is also how the key gets there: it comes from the driver's environment, not the
-   cluster's. Without a key in the driver's environment, a worker falls back to its own
-   environment (a cluster whose nodes were started with the key set).
+   ``PolicyClient`` (the engine itself sends it only to a vLLM app's control routes, to
+   load new weights into an app the run attached to). It is never put in a process
+   environment (not even the workers': tool subprocesses of an inline environment would
+   inherit it there), never in a ``runtime_env`` (Ray shows those in its state API and
+   dashboard), and its repr is ``'**********'``, so a logged argument shows stars. Ray
+   keeps an actor's constructor arguments to restart it, so a restarted worker gets the
+   key again. On a joined cluster this is also how the key gets there: it comes from the
+   driver's environment, not the cluster's. Without a key in the driver's environment, a
+   worker falls back to its own environment (a cluster whose nodes were started with the
+   key set).
 
 Example:
     >>> import os
@@ -107,9 +109,10 @@ def policy_key(config: RunConfig) -> SecretStr | None:
 
 
 def workers_policy_key(config: RunConfig, route_token: SecretStr) -> SecretStr | None:
-    """The key the workers send to the policy: the run's route token when rayrollout deploys
-    the policy (its routes take only that), else the driver's key for the external server."""
-    if policy_kind(config.policy.kind).deployed:
+    """The key the workers send to the policy: the run's route token when the run deploys
+    the policy (its routes take only that), else the driver's key for the server at
+    ``policy.base_url``."""
+    if policy_kind(config.policy.kind).deploys(config):
         return route_token
     return policy_key(config)
 

@@ -118,8 +118,9 @@ def prepare_policy(
 
     The kind (``policy.kind``) is found by name (``rayrollout.policy.kinds``): a deployed
     kind (scripted, vLLM) is built here, its routes taking the bearers ``auth`` accepts, and
-    runs on Serve when the returned call is made; an external server (``openai``) is used at
-    ``policy.base_url`` and needs no Serve at all. Split from deploying because the URL is
+    runs on Serve when the returned call is made; an external server (``openai``), or a
+    server of an attaching kind already up (``policy.base_url`` with kind ``vllm``), is used
+    at ``policy.base_url`` and needs no Serve at all. Split from deploying because the URL is
     known before the app runs: the driver starts the engine and its workers while Serve brings
     the policy up (``RolloutEngine``), each taking seconds. A bad config fails here, at once.
     Built here, not in the deploy call: a kind's build may fill policy settings the engine
@@ -128,7 +129,8 @@ def prepare_policy(
     policy = config.policy
     try:
         kind = policy_kind(policy.kind)
-        app = kind.build_app(config, auth) if kind.build_app is not None else None
+        build = kind.build_app if kind.deploys(config) else None
+        app = build(config, auth) if build is not None else None
     except (ValueError, RuntimeError) as exc:  # a deployment file missing, wrong, unreadable
         raise PolicyEndpointError(str(exc)) from None
     if app is None:

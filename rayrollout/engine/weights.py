@@ -6,7 +6,8 @@ worker, keeps the version, and hands new weights to the policy kind's ``WeightBa
 
 - ``vllm`` (Ray Serve LLM): over the app's control endpoints: pause, a
   ``collective_rpc`` that reloads the checkpoint in every vLLM worker, resume
-  (``rayrollout.deployments.vllm.kind``).
+  (``rayrollout.deployments.vllm.kind``); the same for an app already up that the run
+  attaches to (``policy.base_url``).
 - ``scripted``: a test double for the model's judgement; a new version changes nothing but
   the version every turn records.
 - ``openai`` (an external server): it cannot be given a checkpoint; a trainer that updates
@@ -33,14 +34,15 @@ class WeightSync:
     """The version, the paused state and the workers' gates, kept together by the engine."""
 
     def __init__(
-        self, config: RunConfig, policy_url: str, workers: list[Any], route_token: str
+        self, config: RunConfig, policy_url: str, workers: list[Any], policy_key: str | None
     ) -> None:
         self.config = config
         self.workers = workers
+        # What the policy's routes take, as the workers send it (secret_env.workers_policy_key):
+        # the run's token for a policy the run deployed, else the policy key (a vLLM app
+        # already up takes it on its control routes too).
         kind = policy_kind(config.policy.kind)
-        # A deployed policy's routes take the run's token; an external one is not ours.
-        token = route_token if kind.deployed else None
-        self.backend: WeightBackend = kind.weight_backend(config, policy_url, token)
+        self.backend: WeightBackend = kind.weight_backend(config, policy_url, policy_key)
         self.version = 0
         self.paused = False
         self.lock = asyncio.Lock()

@@ -98,16 +98,23 @@ class PolicyKind:
     run's token): the control routes, where a kind has them, above all."""
     weight_backend: Callable[[RunConfig, str, str | None], WeightBackend]
     """The backend for the run's config, the policy's base URL and the bearer token its
-    routes take (None for an external server: its key is the workers' business)."""
+    routes take: the run's token for a policy the run deploys, the policy key
+    (``policy.api_key_env``) for one already up, None when there is none."""
     local: Callable[[RunConfig], Policy] | None = None
     """The policy in this process, without Ray or a server, for commands that play an
     episode on the spot (``rayrollout agent test``); None where a kind has no such form."""
+    attaches: bool = False
+    """Whether a config with ``policy.base_url`` set uses a server of this kind that is
+    already up there (deployed by another run, or by hand) instead of deploying one: the
+    run deploys nothing, yet weight updates still go through ``weight_backend`` (vLLM's
+    control routes), with the policy key."""
 
-    @property
-    def deployed(self) -> bool:
-        """Whether rayrollout runs this kind on Serve (its routes take the run's token), as
-        opposed to an external server at ``policy.base_url``."""
-        return self.build_app is not None
+    def deploys(self, config: RunConfig) -> bool:
+        """Whether the run deploys its policy on Serve (its routes then take the run's
+        token), as opposed to using a server at ``policy.base_url``."""
+        if self.build_app is None:
+            return False
+        return not (self.attaches and config.policy.base_url)
 
 
 class FixedWeights(ABC):
