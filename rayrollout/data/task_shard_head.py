@@ -31,6 +31,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from rayrollout.errors import InputError
+
 __all__ = ["count_apart", "head_apart", "main", "shard_lines"]
 
 Answer = tuple[Any, ...]
@@ -87,9 +89,9 @@ def count_apart(paths: list[Path]) -> int | None:
     return int(answer[1]) if answer[0] == "count" else None
 
 
-class HeadReadError(Exception):
+class HeadReadError(InputError):
     """A shard the child process could not read: ``index`` in the paths asked (None: the
-    process itself failed), and why."""
+    process itself failed), and why. An input error: the task set is what is wrong."""
 
     def __init__(self, index: int | None, message: str) -> None:
         super().__init__(message)
