@@ -219,6 +219,11 @@ class RayrolloutAgentLoopManager:
                 )
             sequences.append(flatten(group[position]))
         self.last_sequences = sequences
+        self.check_failures(sequences)
+        return self.to_data_proto(sequences, prompts)
+
+    def check_failures(self, sequences: list[Sequence]) -> None:
+        """Keep the failures in ``last_failures``; raise when there are too many."""
         self.last_failures = [s for s in sequences if s.failed]
         failed = len(self.last_failures)
         if failed > self.max_failed_fraction * len(sequences):
@@ -228,7 +233,6 @@ class RayrolloutAgentLoopManager:
                 f"{self.max_failed_fraction:.0%}); first: task {first.task_id!r} sample "
                 f"{first.sample_index}: {first.status}: {first.error}"
             )
-        return self.to_data_proto(sequences, prompts)
 
     def to_data_proto(self, sequences: list[Sequence], source: DataProto) -> DataProto:
         """verl's padded batch for ``sequences`` (one per row of ``source``, in order)."""
@@ -285,7 +289,7 @@ class RayrolloutAgentLoopManager:
             non_tensor["multi_modal_inputs"] = np.array([{} for _ in sequences], dtype=object)
         versions = [v for s in sequences for v in s.policy_versions]
         timing = {
-            "rayrollout/failed_episodes": float(len(self.last_failures)),
+            "rayrollout/failed_episodes": float(sum(s.failed for s in sequences)),
             "rayrollout/truncated_sequences": float(truncated),
             "rayrollout/mean_turns": sum(s.num_turns for s in sequences) / max(size, 1),
             "rayrollout/oldest_policy_version": float(min(versions, default=0)),
@@ -302,10 +306,10 @@ class RayrolloutCheckpointManager:
 
     verl builds it with ``(config, actor_wg, replicas)`` and calls ``update_weights(step)``
     after each training step and ``sleep_replicas()`` after each rollout. ``update_weights``
-    has the actor save its weights as a Hugging Face folder under ``save_dir/global_step_N``
-    (``actor_wg.save_hf_weights(path)`` where the worker group offers it, else verl's
-    ``save_checkpoint`` with ``hf_model`` in its contents), then pauses the engine, loads that
-    folder into it and resumes. The folder must be readable on the engine's machines.
+    has the actor save a checkpoint under ``save_dir/global_step_N`` with verl's
+    ``save_checkpoint`` (``hf_model`` in ``actor.checkpoint.save_contents`` adds its Hugging
+    Face copy, ``huggingface/``), then pauses the engine, loads that copy into it and
+    resumes. The folder must be readable on the engine's machines.
 
     Args:
         config: verl's ``rollout.checkpoint_engine`` config (unused) or anything.
@@ -340,14 +344,10 @@ class RayrolloutCheckpointManager:
         """Nothing to free: the engine's replicas are rayrollout's."""
 
     def save(self, global_steps: int) -> Path:
+        """verl's checkpoint of the actor; its Hugging Face copy (``hf_model``) is the path."""
         path = self.save_dir / f"global_step_{global_steps}"
-        saver = getattr(self.actor_wg, "save_hf_weights", None)
-        if saver is not None:
-            saver(str(path))
-        else:
-            self.actor_wg.save_checkpoint(str(path), None, global_steps, None)
-            path = path / "huggingface"
-        return path
+        self.actor_wg.save_checkpoint(str(path), None, global_steps, None)
+        return path / "huggingface"
 
     def update_weights(self, global_steps: int | None = None) -> int:
         """Save the actor's weights and load them into the engine; the engine's new version."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import pytest
 from checks import HERE, check, trainer_env, trainer_python
@@ -45,11 +46,19 @@ def test_verl_agent_loop_manager_dataproto_equals_the_engine_rows(service, tmp_p
     assert [s["task_id"] for s in samples] == uids
     assert len({(s["task_id"], s["sample_index"]) for s in samples}) == 64
 
+    # The engine writes rows within output.flush_interval_s of finishing them.
     output_dir = RolloutClient(service["url"], service["token"]).output_dir()
-    rows = {}
-    for trajectory in read_trajectories(output_dir):
-        row = trajectory.model_dump(mode="json")
-        rows[(row["task_id"], row["sample_index"])] = row
+    wanted = {(s["task_id"], s["sample_index"]) for s in samples}
+    deadline = time.monotonic() + 120
+    while True:
+        rows = {}
+        for trajectory in read_trajectories(output_dir):
+            row = trajectory.model_dump(mode="json")
+            rows[(row["task_id"], row["sample_index"])] = row
+        if wanted <= rows.keys() or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert wanted <= rows.keys(), f"{len(wanted - rows.keys())} rows never reached {output_dir}"
     problems = []
     for s in samples:
         row = rows[(s["task_id"], s["sample_index"])]
@@ -63,3 +72,10 @@ def test_verl_agent_loop_manager_dataproto_equals_the_engine_rows(service, tmp_p
     assert all(0 in s["mask"] and 1 in s["mask"] for s in samples)
     assert record["timing"]["rayrollout/failed_episodes"] == 0
     assert record["timing"]["rayrollout/truncated_sequences"] == 0
+    # A failed episode: kept in place, masked out, flagged and counted; too many raise.
+    failed = record["failed"]
+    assert failed["status"] == ["error", "ok", "ok", "ok"]
+    assert failed["error"][0] == "the tool crashed"
+    assert failed["mask_sums"][0] == 0 and min(failed["mask_sums"][1:]) > 0
+    assert failed["responses_kept"] and failed["count"] == 1
+    assert failed["too_many"] and "1 of 4 episodes failed" in failed["too_many"]

@@ -31,6 +31,9 @@ from verl.trainer.ppo.reward import extract_reward
 from verl.utils.dataset.rl_dataset import collate_fn
 from verl.utils.import_utils import load_class_from_fqn
 
+from rayrollout.integrations.sequences import flatten
+from rayrollout.integrations.verl import TooManyFailuresError
+
 CITIES = ["Paris", "Tokyo", "Oslo", "Lima", "Cairo", "Quito", "Rome", "Seoul"]
 PROMPTS = 16  # x N samples: 64 episodes
 N = 4
@@ -132,7 +135,28 @@ def main(url: str, token: str, out: str) -> None:
                 "num_turns": int(batch.non_tensor_batch["__num_turns__"][i]),
             }
         )
+    # A failed episode keeps its place: mask all 0, its status in rayrollout_status; more
+    # failures than max_failed_fraction raise.
+    rows = [s.row for s in manager.last_sequences[:N] if s.row is not None]
+    broken = rows[0].model_copy(update={"status": "error", "error": "the tool crashed"})
+    group = [flatten(broken)] + [flatten(row) for row in rows[1:]]
+    failed = manager.to_data_proto(group, gen_batch.slice(0, N))
+    manager.max_failed_fraction = 0.0
+    too_many = None
+    try:
+        manager.check_failures(group)
+    except TooManyFailuresError as exc:
+        too_many = str(exc)
     record = {
+        "failed": {
+            "status": failed.non_tensor_batch["rayrollout_status"].tolist(),
+            "error": failed.non_tensor_batch["rayrollout_error"].tolist(),
+            "mask_sums": failed.batch["response_mask"].sum(dim=1).tolist(),
+            "responses_kept": failed.batch["responses"][0].tolist()
+            == output.batch["responses"][0].tolist(),
+            "count": failed.meta_info["timing"]["rayrollout/failed_episodes"],
+            "too_many": too_many,
+        },
         "samples": samples,
         "shapes": {k: list(v.shape) for k, v in tensors.items()},
         "timing": timing,
