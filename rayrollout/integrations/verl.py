@@ -1,7 +1,8 @@
 """verl's rollout, played by rayrollout: ``RayrolloutAgentLoopManager`` is what verl's
 ``actor_rollout_ref.rollout.agent.agent_loop_manager_class`` names, and
 ``RayrolloutCheckpointManager`` what ``actor_rollout_ref.rollout.checkpoint_manager_class``
-names.
+names, in verl's ``RayPPOTrainer`` (``trainer.use_v1=false``; verl's V1 trainer reads its
+rollouts from its TransferQueue instead).
 
 verl's trainer hands the manager a ``DataProto`` already repeated ``rollout.n`` times
 (interleaved: each prompt's samples in a row, sharing its ``uid``). The manager submits each

@@ -46,6 +46,7 @@ def config(url: str, token: str):  # noqa: ANN201 - an OmegaConf DictConfig
         return compose(
             "ppo_trainer",
             overrides=[
+                "trainer.use_v1=false",  # RayPPOTrainer: the DataProto seam
                 "algorithm.adv_estimator=grpo",
                 f"actor_rollout_ref.rollout.n={N}",
                 "actor_rollout_ref.rollout.prompt_length=256",
