@@ -115,3 +115,25 @@ def _eventually(condition: Callable[[], bool], within_s: float = 60.0) -> bool:
 def test_an_engine_that_outlives_its_driver_refuses_it_before_ray_starts():
     with pytest.raises(ConfigError, match="hosting 'actor'.*needs 'serve'"):
         RolloutEngine(_config()).start(detached=True)
+
+
+def test_the_demo_hosts_its_policy_on_an_actor_only_on_a_ray_of_its_own(monkeypatch):
+    from rayrollout.cli.demo import demo_defaults
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert demo_defaults(RunConfig()) == {
+        "workers": {"num_workers": 1},
+        "policy": {"scripted": {"hosting": "actor"}},
+    }
+    # On a cluster the actor would listen on the driver's node only: Serve's proxy is on all.
+    assert demo_defaults(RunConfig.model_validate({"ray": {"address": "auto"}})) == {
+        "workers": {"num_workers": 1}
+    }
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert "policy" not in demo_defaults(RunConfig())
+    # A config that names either setting keeps its own.
+    named = RunConfig.model_validate(
+        {"workers": {"num_workers": 3}, "policy": {"scripted": {"hosting": "serve"}}}
+    )
+    monkeypatch.delenv("RAY_ADDRESS")
+    assert demo_defaults(named) == {}

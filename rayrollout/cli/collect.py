@@ -350,13 +350,14 @@ def demo(
 ) -> None:
     """Run the built-in environments' example tasks against the scripted policy, locally.
 
-    One worker plays them, against the scripted policy in one plain Ray actor, unless
-    --config sets workers.num_workers or policy.scripted.hosting.
+    One worker plays them, against the scripted policy in one plain Ray actor (on Serve
+    when joining a cluster), unless --config sets workers.num_workers or
+    policy.scripted.hosting.
 
     An environment this machine cannot run (the code sandbox without bubblewrap) is left
     out, with one line saying why and how to get it.
     """
-    from rayrollout.cli.demo import write_demo_tasks
+    from rayrollout.cli.demo import demo_defaults, write_demo_tasks
     from rayrollout.cli.failures import report_failures
     from rayrollout.data.config import load_config
 
@@ -370,15 +371,7 @@ def demo(
     if agent:
         flags["agent"] = agent
     run_config = load_config(config, flags)
-    # The demo's first episode comes sooner with one worker (its few hundred scripted
-    # episodes play as fast as on two) and the scripted policy in one plain actor (Serve's
-    # three processes, started one after another, are seconds on a laptop); a --config that
-    # names either keeps its own.
-    if "num_workers" not in run_config.workers.model_fields_set:
-        flags["workers"] = {"num_workers": 1}
-    if "hosting" not in run_config.policy.scripted.model_fields_set:
-        flags["policy"] = {"scripted": {"hosting": "actor"}}
-    run_config = load_config(config, flags)
+    run_config = load_config(config, {**flags, **demo_defaults(run_config)})
     for name, reason in write_demo_tasks(tasks_file, run_config).items():
         console.print(
             f"[yellow]left out[/yellow] environment '{name}': {escape(reason)}",
