@@ -1,6 +1,6 @@
 """A trainer without Ray, on another Python, driving a real vLLM engine over HTTP.
 
-``rayrollout up`` (the command, in its own process, joining this session's Ray) starts a
+``rayrollout up`` (the command, in its own process, joining the test session's Ray) starts a
 detached engine and the HTTP rollout service whose policy is the tier's shared tiny-model
 app (``tiny_vllm``, tests/vllm/conftest.py): policy kind 'vllm' with ``base_url`` set, so
 the run deploys nothing and sends its weight updates to that app's control routes, with the
@@ -85,7 +85,7 @@ def client_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def cli(*args: str, timeout: float = 900) -> str:
-    """A ``rayrollout`` command joining this session's Ray; its standard output."""
+    """A ``rayrollout`` command joining the test session's Ray; its standard output."""
     address = ray.get_runtime_context().gcs_address
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     done = subprocess.run(
