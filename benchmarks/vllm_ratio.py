@@ -22,8 +22,9 @@ accounting (``vllm_counters.py``; the deployment exports vLLM's metrics for it):
 prompt tokens (computed and cached) per generated token, prefix-cache hit rate, scheduler
 steps and tokens per step (the batch), time in vLLM's queue, requests per replica; CPU
 seconds by part (Serve's proxy, vLLM's ingress, server, engine core and workers; the
-client's driver, workers and engine actor; Ray's daemons) and per generated token; and
-``ramp_s``, how long the side took to have every slot's first request sent.
+client's driver, workers and engine actor; Ray's daemons) and per generated token;
+``ramp_s``, how long the side took to have every slot's first request sent; and
+``slot_occupancy``, the share of its slots that held a model call over its wall time.
 ``work_per_token`` sums each side over the rounds: vLLM's CPU milliseconds per generated
 token through the engine over the bare client's is ``vllm_cpu_per_token_ratio``.
 docs/vllm-throughput.md says how to read them.
@@ -78,25 +79,28 @@ async def bare_client(
     sampling: dict[str, Any],
     concurrency: int,
     token: str,
-) -> tuple[list[int], float, list[float]]:
+) -> tuple[list[int], float, list[float], float]:
     """POST /v1/completions with prompt ids, ``concurrency`` at once.
 
-    Returns each request's generated tokens (as the server counted them), the seconds, and
-    each request's start (seconds after the first's).
+    Returns each request's generated tokens (as the server counted them), the seconds, each
+    request's start (seconds after the first's), and the requests' summed seconds.
     """
     import aiohttp
 
     gate = asyncio.Semaphore(concurrency)
     starts: list[float] = []
+    durations: list[float] = []
 
     async def one(session: aiohttp.ClientSession, ids: list[int]) -> int:
         async with gate:
-            starts.append(time.perf_counter() - started)
+            sent = time.perf_counter()
+            starts.append(sent - started)
             body = {"model": model, "prompt": ids, **sampling}
             async with session.post(f"{base_url}/completions", json=body) as response:
                 response.raise_for_status()
                 answer = await response.json()
-                return int(answer["usage"]["completion_tokens"])
+            durations.append(time.perf_counter() - sent)
+            return int(answer["usage"]["completion_tokens"])
 
     timeout = aiohttp.ClientTimeout(total=600)
     connector = aiohttp.TCPConnector(limit=concurrency)
@@ -106,7 +110,13 @@ async def bare_client(
     ) as session:
         started = time.perf_counter()
         generated = await asyncio.gather(*(one(session, ids) for ids in prompts))
-        return list(generated), time.perf_counter() - started, starts
+        return list(generated), time.perf_counter() - started, starts, sum(durations)
+
+
+def occupancy(call_seconds: float, seconds: float, concurrency: int) -> float:
+    """The share of the side's ``concurrency`` slots that held a model call over its wall
+    time: below the other side's, the engine leaves slots empty between episodes."""
+    return round(call_seconds / (seconds * concurrency), 3)
 
 
 def ramp_s(starts: list[float], concurrency: int) -> float:
@@ -208,7 +218,7 @@ def run_rounds(
                 for side in order:
                     cpu_before = cpu_by_part(root)
                     if side == "vllm":
-                        generated, seconds, starts = asyncio.run(
+                        generated, seconds, starts, call_s = asyncio.run(
                             bare_client(
                                 base_url, model, prompt_ids, bare_sampling, concurrency, token
                             )
@@ -224,7 +234,7 @@ def run_rounds(
                         )
                         seconds = time.perf_counter() - started
                         cpu = cpu_delta(cpu_before, cpu_by_part(root))
-                        tokens, starts, extra = _engine_side(result, prompt_ids, max_tokens)
+                        tokens, starts, call_s, extra = _engine_side(result, prompt_ids, max_tokens)
                         starts = [s - wall_started for s in starts]
                     after = settled(counters, episodes)
                     sides[side] = {
@@ -232,6 +242,7 @@ def run_rounds(
                         "seconds": round(seconds, 2),
                         "tokens_per_s": round(tokens / seconds, 1),
                         "ramp_s": ramp_s(starts, concurrency),
+                        "slot_occupancy": occupancy(call_s, seconds, concurrency),
                         "cpu_s": cpu,
                         "vllm_cpu_ms_per_token": round(1000 * cpu["vllm"] / tokens, 3),
                         "client_cpu_ms_per_token": round(1000 * cpu["client"] / tokens, 3),
@@ -254,9 +265,10 @@ def run_rounds(
 
 def _engine_side(
     result: Any, prompt_ids: list[list[int]], max_tokens: int
-) -> tuple[int, list[float], dict[str, Any]]:
-    """The engine's generated tokens, its calls' start times, and how long its model calls
-    spanned of the collect; raises when an episode failed or sent other prompt ids."""
+) -> tuple[int, list[float], float, dict[str, Any]]:
+    """The engine's generated tokens, its calls' start times, their summed seconds, and how
+    long its model calls spanned of the collect; raises when an episode failed or sent other
+    prompt ids."""
     trajectories = [t for g in result.groups().values() for t in g]
     failed = [t.error for t in trajectories if t.status == "error"]
     if failed:
@@ -272,7 +284,30 @@ def _engine_side(
     tokens = sum(t.metrics.tokens_out for t in trajectories)
     # Of the collect's wall time, how long its model calls spanned: the rest is the
     # engine's fixed cost per collect (dispatch, flush, summary).
-    return tokens, [c.started_at for c in calls], {"calls_span_s": round(span, 2)}
+    call_s = sum(c.seconds for c in calls)
+    # Where an episode's slot time goes besides its model call: before it (the session's
+    # setup, the prompt's rendering) and after it (the verifier, the close).
+    before = [t.turns[0].started_at - t.metrics.started_at for t in trajectories]
+    after = [
+        t.metrics.started_at
+        + t.metrics.seconds_total
+        - t.turns[-1].started_at
+        - t.turns[-1].seconds
+        for t in trajectories
+    ]
+    return (
+        tokens,
+        [c.started_at for c in calls],
+        call_s,
+        {
+            "calls_span_s": round(span, 2),
+            "before_call_ms": round(1000 * statistics.mean(before), 2),
+            "after_call_ms": round(1000 * statistics.mean(after), 2),
+            "queued_ms": round(
+                1000 * statistics.mean(t.metrics.seconds_queued for t in trajectories), 1
+            ),
+        },
+    )
 
 
 def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -323,6 +358,7 @@ def work_per_token(sides: list[dict[str, Any]]) -> dict[str, Any]:
         "vllm_cpu_ms_per_token": round(1000 * cpu["vllm"] / tokens, 3),
         "client_cpu_ms_per_token": round(1000 * cpu["client"] / tokens, 3),
         "cpu_ms_per_token": {part: round(1000 * s / tokens, 3) for part, s in cpu.items()},
+        "slot_occupancy": round(statistics.mean(s["slot_occupancy"] for s in sides), 3),
     }
     counted = [s["vllm_counters"] for s in sides if "vllm_counters" in s]
     if counted:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from flaky_policy import FlakyPolicy
 
 from rayrollout import RunConfig
 from rayrollout.data.schema import Trajectory
 from rayrollout.data.tasks import parse_task_row
-from rayrollout.engine.actor import reserve
+from rayrollout.engine.actor import reserve, send_limits
 from rayrollout.engine.chunks import ChunkRows
 from rayrollout.engine.episode import EpisodeSpec
 from rayrollout.engine.worker import WorkerRunner
@@ -52,6 +53,42 @@ async def test_a_slow_episode_does_not_hold_back_the_rest_of_its_chunk(tmp_path)
     assert chunk.summaries[0]["status"] == "ok" and chunk.indices == [1]
 
 
+async def test_the_next_episode_plays_while_the_last_one_is_scored(tmp_path):
+    """A worker with one running slot gives it to its next episode once the agent's loop is
+    over: the second episode's model call starts while the first one's verifier (1 s) still
+    runs, and still only one model call is ever in flight."""
+    specs = [
+        EpisodeSpec(
+            parse_task_row(
+                {"task_id": f"v{i}", "prompt": f"say {i}", "environment": "sleepy", "sleep_s": 1.0}
+            )
+        )
+        for i in range(2)
+    ]
+    with FlakyPolicy(fault_rate=0.0) as flaky:
+        config = RunConfig.model_validate(
+            {
+                "environments": {"sleepy": {"path": "fixture_envs:SleepyEnv"}},
+                "policy": {"kind": "openai", "base_url": flaky.base_url},
+                "output": {"dir": str(tmp_path)},
+            }
+        )
+        runner = WorkerRunner("worker:test", config, flaky.base_url, max_running=1)
+        rows = []
+        try:
+            async for _, batch in runner.stream(specs):
+                rows.extend(batch)
+        finally:
+            await runner.policy.close()
+    first, second = sorted(
+        (Trajectory.from_row(row) for row in rows), key=lambda t: t.metrics.started_at
+    )
+    assert first.status == second.status == "ok"
+    scored_until = first.metrics.started_at + first.metrics.seconds_total
+    assert second.turns[0].started_at < scored_until - 0.5, (first.metrics, second.turns[0])
+    assert flaky.most_in_flight == 1
+
+
 def test_workers_run_at_most_concurrency_episodes_though_more_wait_in_them(tmp_path, serve_session):
     """The engine sends a chunk per worker beyond ``concurrency`` (so no slot idles while rows
     make their round trip), but the workers' shares add up to ``concurrency``: a policy that
@@ -86,3 +123,20 @@ def test_the_reserve_shrinks_as_episodes_get_longer():
     assert reserve(256, 2, 0.28) == 92  # 256 x 0.1 s / 0.28 s, rounded up
     assert reserve(256, 2, 60.0) == 1
     assert reserve(7, 2, None) == 2  # chunks of one when concurrency is small
+
+
+def test_the_reserve_covers_the_refill_it_measured():
+    """A slow refill (a loaded machine, a slow verifier) grows the reserve to cover it both
+    ways; a quick one keeps the 0.1 s floor; a chunk per worker stays the most."""
+    assert reserve(32, 2, 1.6, refill_s=0.01) == 2 == reserve(32, 2, 1.6)  # 32 x 0.1 / 1.6
+    assert reserve(32, 2, 1.6, refill_s=0.25) == 10  # 32 x 0.5 s / 1.6 s
+    assert reserve(32, 2, 1.6, refill_s=5.0) == 16  # two chunks of 8
+
+
+@pytest.mark.parametrize(("chunk", "waiting"), [(8, 2), (8, 16), (64, 1), (1, 5)])
+def test_a_batch_is_sent_while_the_workers_still_hold_their_reserve(chunk, waiting):
+    """The feeder sends once a whole batch has room: at that moment every slot may be busy,
+    and the episodes already out beyond ``concurrency`` must still be the whole reserve."""
+    most, batch = send_limits(32, chunk, waiting)
+    assert 1 <= batch <= min(chunk, waiting)
+    assert most - batch == 32 + waiting

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import functools
 import importlib
 import logging
 import operator
@@ -142,6 +143,15 @@ for _name in ("math_verify.parser", "math_verify.grader"):  # the two modules th
     logging.getLogger(_name).addFilter(_QUIET)
 
 
+@functools.lru_cache(maxsize=4096)
+def _parse_gold(gold_text: str) -> list[Any]:
+    """A task's gold answer, parsed once per process: every sample of the task compares
+    against it, and parsing is a third of a verify's CPU."""
+    import math_verify
+
+    return list(math_verify.parse(gold_text, parsing_timeout=None))  # type: ignore[arg-type]
+
+
 def _grade(gold_text: str, answer: str) -> Verification:
     """Parse and compare with math_verify, outside the event loop.
 
@@ -156,7 +166,7 @@ def _grade(gold_text: str, answer: str) -> Verification:
     """
     import math_verify
 
-    gold = math_verify.parse(gold_text, parsing_timeout=None)  # type: ignore[arg-type]
+    gold = _parse_gold(gold_text)
     predicted = math_verify.parse(answer, parsing_timeout=None)  # type: ignore[arg-type]
     correct = bool(gold and predicted and math_verify.verify(gold, predicted, timeout_seconds=None))
     # parse() returns [parsed value, matched text]; the parsed value is what was compared.

@@ -64,22 +64,61 @@ def chunk_size(concurrency: int, num_workers: int) -> int:
     return max(1, min(64, concurrency // (num_workers * 2)))
 
 
-def reserve(concurrency: int, num_workers: int, episode_s: float | None) -> int:
+def reserve(
+    concurrency: int, num_workers: int, episode_s: float | None, refill_s: float | None = None
+) -> int:
     """Episodes sent to workers beyond ``concurrency``, waiting there, so that a worker starts
-    its next episode the moment one ends instead of a round trip later (its rows to the
-    engine, the freed slot, the next chunk back). Workers still run at most ``concurrency``
-    at once between them (``worker_share``).
+    its next episode the moment one ends instead of a refill later (its row scored, built and
+    sent to the engine, the freed slot, the next chunk back). Workers still run at most
+    ``concurrency`` at once between them (``worker_share``).
 
-    As many as finish within ``_RESERVE_S`` at the run's mean episode time (``episode_s``;
-    None before the first rows: a chunk per worker), at most a chunk per worker. Long episodes
-    need almost none, and must not get more: an episode waiting in a busy worker cannot move
-    to another worker's free slot, so a big reserve would stretch the tail of a round of
-    minute-long episodes.
+    As many as finish within one refill at the run's mean episode time (``episode_s``; None
+    before the first rows: a chunk per worker), at most a chunk per worker. The refill is
+    ``refill_s`` as measured (``_refill_lag``) doubled for the way back, and at least
+    ``_RESERVE_S``: a loaded machine or a slow verifier stretches it, and a reserve sized for
+    a quiet one left the policy's slots empty between episodes. Long episodes need almost
+    none, and must not get more: an episode waiting in a busy worker cannot move to another
+    worker's free slot, so a big reserve would stretch the tail of a round of minute-long
+    episodes.
     """
     most = chunk_size(concurrency, num_workers) * num_workers
     if not episode_s:
         return most
-    return min(most, math.ceil(concurrency * _RESERVE_S / episode_s))
+    cover = max(_RESERVE_S, 2 * refill_s) if refill_s else _RESERVE_S
+    return min(most, math.ceil(concurrency * cover / episode_s))
+
+
+def send_limits(concurrency: int, chunk: int, waiting: int) -> tuple[int, int]:
+    """(most episodes out at once, episodes per worker call), for a reserve of ``waiting``.
+
+    The feeder waits for room for a whole batch before it sends one, so the workers must
+    still hold their reserve when it does: the batch's room comes on top of it. A batch is at
+    most the reserve, so long episodes (a reserve of one) go one at a time and no worker
+    hoards them. (A batch counted inside the reserve left every slot that emptied waiting
+    until a whole batch's worth had finished: on short episodes the policy ran well under
+    ``concurrency`` requests.)
+
+    >>> send_limits(32, 8, 2)  # a quick refill: batches of two, two more waiting
+    (36, 2)
+    >>> send_limits(32, 8, 16)  # before the first rows: chunks of 8, a chunk per worker
+    (56, 8)
+    """
+    batch = min(chunk, waiting)
+    return concurrency + waiting + batch, batch
+
+
+def _refill_lag(summaries: list[dict[str, Any]], now: float) -> float | None:
+    """Mean seconds from the end of an episode's agent loop (where its worker freed its slot)
+    to its row reaching the engine: the verifier, the session's close, the row and the trip.
+    Clocks of other nodes may be off a little; the figure is clamped to [0, 10] s."""
+    lags = [
+        now - (m["started_at"] + m["seconds_total"] - m["seconds_verify"])
+        for m in (s["metrics"] for s in summaries)
+        if m.get("started_at")
+    ]
+    if not lags:
+        return None
+    return min(10.0, max(0.0, sum(lags) / len(lags)))
 
 
 def start_workers(config: RunConfig, policy_url: str, policy_key: SecretStr | None) -> list[Any]:
@@ -148,6 +187,7 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         self.load = [0] * len(self.workers)  # episodes in flight per worker
         self.room = asyncio.Event()  # set when an episode ends: the feeder may send more
         self.episode_s: float | None = None  # mean episode seconds, recent rows weigh more
+        self.refill_s: float | None = None  # mean _refill_lag, recent rows weigh more
         self.flusher: asyncio.Task[None] | None = None
         self.failure: BaseException | None = None
         self.submitted = 0
@@ -290,13 +330,13 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
 
     async def _feed(self) -> None:
         """Send queued episodes to the least-loaded worker while fewer than ``concurrency``
-        plus the workers' ``reserve`` are out."""
+        plus the workers' reserve are out (``_limits``)."""
         while True:
             chunk = [await self.queue.get()]
             await self._room_for(chunk)
-            # A full chunk when the queue has one (one Ray call for more episodes), even if
-            # that waits for room: the workers hold a reserve meanwhile.
-            while len(chunk) < self.chunk and not self.queue.empty():
+            # A whole batch when the queue has one (one Ray call for more episodes), even if
+            # that waits for room: the workers hold their reserve meanwhile.
+            while len(chunk) < self._limits()[1] and not self.queue.empty():
                 chunk.append(self.queue.get_nowait())
                 await self._room_for(chunk)
             index = min(range(len(self.workers)), key=self.load.__getitem__)
@@ -306,13 +346,17 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
             self.calls.add(call)
             call.add_done_callback(self.calls.discard)
 
+    def _limits(self) -> tuple[int, int]:
+        """(most episodes out at once, episodes per worker call): ``send_limits`` now."""
+        return send_limits(
+            self.config.concurrency,
+            self.chunk,
+            reserve(self.config.concurrency, len(self.workers), self.episode_s, self.refill_s),
+        )
+
     async def _room_for(self, chunk: list[EpisodeSpec]) -> None:
         """Wait until ``chunk`` fits beside the episodes already out."""
-        concurrency = self.config.concurrency
-        while True:
-            limit = concurrency + reserve(concurrency, len(self.workers), self.episode_s)
-            if self.run_stats.in_flight + len(chunk) <= limit:
-                return
+        while self.run_stats.in_flight + len(chunk) > self._limits()[0]:
             self.room.clear()
             await self.room.wait()
 
@@ -362,6 +406,9 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         if seconds:
             mean = sum(seconds) / len(seconds)
             self.episode_s = mean if self.episode_s is None else 0.8 * self.episode_s + 0.2 * mean
+        lag = _refill_lag(result.summaries, time.time())
+        if lag is not None:
+            self.refill_s = lag if self.refill_s is None else 0.8 * self.refill_s + 0.2 * lag
         self.run_stats.add(result.summaries)
         self.metrics.on_rows(result.summaries, self.run_stats.in_flight, self.writer.buffered_rows)
         try:

@@ -23,6 +23,7 @@ from rayrollout.data.writer import SCHEMA
 __all__ = ["ChunkRows", "summarize"]
 
 _METRIC_FIELDS = (
+    "started_at",
     "turns",
     "tool_calls",
     "seconds_model",

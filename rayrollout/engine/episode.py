@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rayrollout.agent import POLICY, Agent, AgentEpisode, EpisodeEnd, OutOfTurns
@@ -58,10 +59,14 @@ async def run_episode(
     agent: Agent | None = None,
     played_by: str = DEFAULT_AGENT,
     gateway: GatewayOpener | None = None,
+    on_played: Callable[[], None] | None = None,
 ) -> Trajectory:
     """Have ``agent`` (default: the built-in tool loop) play one episode to the end, within
     ``limits``, and return its trajectory, whatever happens. ``worker_name`` is the worker
-    actor playing it (the row's ``worker``; '' outside a worker)."""
+    actor playing it (the row's ``worker``; '' outside a worker). ``on_played`` is called
+    once the agent's loop is over (its last model call answered), before the verifier runs
+    and the session closes: a worker gives the episode's running slot to the next episode
+    there, so the policy is not left a request short while this one is scored."""
     task = spec.task
     started = time.perf_counter()
     tools = task.tools if task.tools is not None else env_cls.tool_schemas()
@@ -94,7 +99,11 @@ async def run_episode(
     try:
         await session.setup()
         is_set_up = True
-        verdict = await _play(agent or _TOOL_LOOP, played_by, episode, limits)
+        try:
+            verdict = await _play(agent or _TOOL_LOOP, played_by, episode, limits)
+        finally:
+            if on_played is not None:
+                on_played()
         if verdict is None:
             verdict = await episode.verify()
         trajectory.reward = verdict.reward

@@ -59,6 +59,30 @@ def worker_share(concurrency: int, num_workers: int, index: int) -> int:
     return max(1, concurrency // num_workers + (1 if index < concurrency % num_workers else 0))
 
 
+class RunningSlot:
+    """One of a worker's running slots (its share of ``concurrency``), held by an episode
+    while its agent plays: model calls and tool steps. It is given back before the verifier
+    runs and the row is built, so the next waiting episode's first request reaches the policy
+    while this one is scored; otherwise every slot of the policy sat empty for that time at
+    the end of every episode (a few percent of a short episode's length, more on a loaded
+    machine). Episodes being scored are still counted by the engine against ``concurrency``
+    plus the workers' reserve, so the total stays bounded."""
+
+    def __init__(self, semaphore: asyncio.Semaphore) -> None:
+        self.semaphore = semaphore
+        self.held = False
+
+    async def take(self) -> None:
+        if not self.held:
+            await self.semaphore.acquire()
+            self.held = True
+
+    def give_back(self) -> None:
+        if self.held:
+            self.held = False
+            self.semaphore.release()
+
+
 class WorkerRunner:
     """The worker's logic, usable without Ray (tests, benchmarks of the bare loop)."""
 
@@ -150,14 +174,19 @@ class WorkerRunner:
         )
 
     async def run_admitted(self, spec: EpisodeSpec) -> dict[str, Any]:
-        """``run_one`` once one of this worker's running slots is free."""
-        async with self.running:
-            return await self.run_one(spec)
+        """``run_one`` once one of this worker's running slots is free; the slot goes to the
+        next waiting episode as soon as this one's agent loop is over (``RunningSlot``)."""
+        slot = RunningSlot(self.running)
+        try:
+            return await self.run_one(spec, slot)
+        finally:
+            slot.give_back()
 
-    async def run_one(self, spec: EpisodeSpec) -> dict[str, Any]:
+    async def run_one(self, spec: EpisodeSpec, slot: RunningSlot | None = None) -> dict[str, Any]:
         """One episode; played again from the start (a new episode id) when its environment
         replica died under it or the policy moved on more than ``max_staleness`` versions,
-        up to ``_EPISODE_ATTEMPTS`` times. Only the last try is kept."""
+        up to ``_EPISODE_ATTEMPTS`` times. Only the last try is kept. Each try holds
+        ``slot`` (when given) while its agent plays."""
         played_by = self.config.agent_of(spec.task.agent)
         try:
             agent = self._agent(played_by)
@@ -165,6 +194,8 @@ class WorkerRunner:
             error = f"agent '{played_by}' unavailable: {exc}"
             return failed_trajectory(spec, self.name, error, played_by).to_row()
         for attempt in range(1, _EPISODE_ATTEMPTS + 1):
+            if slot is not None:
+                await slot.take()
             episode_id = spec.new_episode_id()
             try:
                 env_cls = self._env_class(spec.task.environment)
@@ -183,6 +214,7 @@ class WorkerRunner:
                 agent,
                 played_by,
                 self.gateway,
+                slot.give_back if slot is not None else None,
             )
             trajectory.policy_version = (
                 trajectory.turns[0].policy_version if trajectory.turns else self.gate.version

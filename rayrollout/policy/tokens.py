@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -98,6 +99,9 @@ def first_mismatch(kept: list[int], prompt: list[int]) -> int | None:
     return None
 
 
+_PROMPTS_KEPT = 1024  # first-turn prompts a renderer keeps (DeltaRenderer.prompt)
+
+
 class DeltaRenderer:
     """Renders prompts and message deltas to ids through a chat-template ``Tokenize``.
 
@@ -111,12 +115,30 @@ class DeltaRenderer:
         self._tokenize = tokenize
         self._kwargs = {"chat_template_kwargs": template_kwargs} if template_kwargs else {}
         self._base: dict[str, tuple[list[int], list[int]]] = {}
+        # First-turn ids by conversation: a task's samples (a GRPO group) render it once.
+        self._prompts: OrderedDict[str, list[int]] = OrderedDict()
 
     async def prompt(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
     ) -> list[int]:
-        """Ids of a whole conversation with the generation prompt (the first turn)."""
-        return await self._render(messages, tools, generation_prompt=True)
+        """Ids of a whole conversation with the generation prompt (the first turn).
+
+        The last ``_PROMPTS_KEPT`` are kept by their exact messages and tools: rendering a
+        chat template and tokenizing is most of a worker's CPU per short episode, on the
+        cores the policy needs, and every sample of a task starts from the same prompt."""
+        try:
+            key = json.dumps([messages, tools])
+        except (TypeError, ValueError):  # not JSON (no cache for it): render it as it is
+            return await self._render(messages, tools, generation_prompt=True)
+        ids = self._prompts.get(key)
+        if ids is None:
+            ids = await self._render(messages, tools, generation_prompt=True)
+            self._prompts[key] = ids
+            if len(self._prompts) > _PROMPTS_KEPT:
+                self._prompts.popitem(last=False)
+        else:
+            self._prompts.move_to_end(key)
+        return list(ids)
 
     async def delta(
         self,

@@ -66,6 +66,26 @@ async def test_delta_appends_only_the_new_messages_after_the_kept_ids():
     assert prompt + completion + delta == whole
 
 
+async def test_a_first_turn_renders_once_for_every_sample_of_its_task():
+    render, calls = chatml(), []
+
+    async def counting(body: dict[str, Any]) -> list[int]:
+        calls.append(body)
+        return await render(body)
+
+    renderer = DeltaRenderer(counting)
+    hi, bye = [{"role": "user", "content": "hi"}], [{"role": "user", "content": "bye"}]
+    first = await renderer.prompt(hi, [])
+    first.append(7)  # the caller's list is its own
+    again = await renderer.prompt([{"role": "user", "content": "hi"}], [])
+    assert again == await render({"messages": hi, "add_generation_prompt": True})
+    assert len(calls) == 1
+    assert await renderer.prompt(bye, []) != again and len(calls) == 2
+    tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
+    await renderer.prompt(hi, [tool])  # other tools: another prompt
+    assert len(calls) == 3
+
+
 async def test_delta_closes_a_truncated_turn_itself():
     renderer = DeltaRenderer(chatml())
     delta = await renderer.delta([{"role": "tool", "content": "1"}], [], [*map(ord, "cut")])
