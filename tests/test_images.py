@@ -10,11 +10,9 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from netutil import free_port
 from PIL import Image
-from rayrollout.deployments.scripted.actor_server import ScriptedPolicyServer
+from recording_policy import body_images, recording_scripted_policy
 
-from rayrollout.auth import RouteAuth
 from rayrollout.data.config import PolicyConfig
 from rayrollout.data.images import ImageError, data_url, decode_data_url
 from rayrollout.data.schema import (
@@ -314,29 +312,10 @@ def test_inline_images_leaves_a_text_row_as_it_is():
 # ---------------------------------------------------------------- the policy sees them
 
 
-class RecordingScriptedPolicy(ScriptedPolicyServer):
-    """The scripted policy's own server, keeping each request body it was sent."""
-
-    def __init__(self) -> None:
-        super().__init__("127.0.0.1", free_port(), 0.0, "scripted", RouteAuth.bearer("secret"))
-        self.bodies: list[dict[str, Any]] = []
-
-    async def _chat(self, request):  # type: ignore[no-untyped-def]
-        self.bodies.append(await request.json())
-        return await super()._chat(request)
-
-    async def _responses(self, request):  # type: ignore[no-untyped-def]
-        self.bodies.append(await request.json())
-        return await super()._responses(request)
-
-
 @pytest.fixture
 async def scripted():
-    server = RecordingScriptedPolicy()
-    await server.start()
-    yield server
-    assert server.runner is not None
-    await server.runner.cleanup()
+    async with recording_scripted_policy() as server:
+        yield server
 
 
 def conversation() -> list[Message]:
@@ -364,21 +343,10 @@ def conversation() -> list[Message]:
     ]
 
 
-def body_images(value: Any) -> list[bytes]:
-    """The bytes of every data URL anywhere in a request body, in order."""
-    if isinstance(value, dict):
-        return [b for v in value.values() for b in body_images(v)]
-    if isinstance(value, list):
-        return [b for v in value for b in body_images(v)]
-    if isinstance(value, str) and value.startswith("data:"):
-        return [decode_data_url(value)[1]]
-    return []
-
-
 async def test_chat_completions_sends_image_url_parts(scripted):
     policy = PolicyClient(
         PolicyConfig(kind="openai", model="scripted"),
-        f"http://127.0.0.1:{scripted.port}/v1",
+        scripted.url,
         api_key="secret",
     )
     try:
@@ -395,7 +363,7 @@ async def test_chat_completions_sends_image_url_parts(scripted):
 
 async def test_the_responses_api_sends_input_image_items(scripted):
     config = PolicyConfig(kind="openai", model="scripted", api="responses")
-    policy = PolicyClient(config, f"http://127.0.0.1:{scripted.port}/v1", api_key="secret")
+    policy = PolicyClient(config, scripted.url, api_key="secret")
     try:
         await policy.complete(conversation(), tools=[])
     finally:
@@ -410,3 +378,74 @@ async def test_the_responses_api_sends_input_image_items(scripted):
     assert output["type"] == "function_call_output"
     assert [p["type"] for p in output["output"]] == ["input_text", "input_image"]
     assert body_images(body) == [RED, BLUE]
+
+
+def jpeg() -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (12, 12), "green").save(buffer, format="JPEG")
+    return buffer.getvalue()
+
+
+def nemo_gym_image_rows() -> list[dict[str, Any]]:
+    """Rows of the shapes of NeMo Gym 0.7.0's image datasets (circle_count, gui_coordinate,
+    image_tools): an input_image item with a data URL beside the question."""
+    image = {"type": "input_image", "image_url": data_url(RED), "detail": "auto"}
+    photo = {"type": "input_image", "image_url": data_url(jpeg()), "detail": "auto"}
+    question = {"type": "input_text", "text": "How many red circles?"}
+    return [
+        {
+            "responses_create_params": {
+                "input": [
+                    {"role": "system", "content": "Count the circles."},
+                    {"role": "user", "content": [image, question]},
+                ]
+            },
+            "expected_count": 1,
+        },
+        {
+            "responses_create_params": {
+                "input": [{"role": "user", "type": "message", "content": [photo, question]}]
+            },
+            "bbox": [0, 0, 10, 10],
+        },
+        {
+            "agent_ref": {"type": "responses_api_agents", "name": "image_tools_pivot_agent"},
+            "responses_create_params": {
+                "input": [
+                    {"role": "system", "type": "message", "content": "Use the tools."},
+                    {"role": "user", "content": [question, photo, image]},
+                ],
+                "metadata": {"note": "x"},
+            },
+        },
+    ]
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+async def test_nemo_gym_image_rows_are_read_and_their_images_reach_the_policy(
+    tmp_path, scripted, api
+):
+    rows = nemo_gym_image_rows()
+    path = tmp_path / "example.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    tasks = list(read_tasks(path, default_environment="nemo_gym"))
+    assert [task.fields for task in tasks] == rows
+    config = PolicyConfig(kind="openai", model="scripted", api=api)
+    policy = PolicyClient(config, scripted.url, api_key="secret")
+    try:
+        for task in tasks:
+            await policy.complete(task.prompt, tools=[])
+    finally:
+        await policy.close()
+    assert [body_images(body) for body in scripted.bodies] == [
+        [RED],
+        [jpeg()],
+        [jpeg(), RED],
+    ]
+
+
+def test_audio_parts_stay_refused_by_name():
+    content = [{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]
+    row = {"responses_create_params": {"input": [{"role": "user", "content": content}]}}
+    with pytest.raises(InvalidTaskError, match="NeMo Gym feature not supported: audio input"):
+        parse_task_row(row, default_environment="nemo_gym")
