@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import io
 import re
@@ -102,8 +103,13 @@ def decode_data_url(url: str) -> tuple[str, bytes]:
     return mime, data
 
 
+@functools.lru_cache(maxsize=32)
 def canonical_data_url(url: str) -> str:
-    """``url`` in the canonical form (the same string when it is in it already)."""
+    """``url`` in the canonical form (the same string when it is in it already).
+
+    Cached: a message is validated again each time it is rebuilt (a row read back, a turn's
+    messages copied), and an episode shows the same picture turn after turn; a hit costs a
+    hash and a compare, not a base64 decode and encode."""
     mime, data = decode_data_url(url)
     canonical = data_url(data, mime)
     return url if canonical == url else canonical
