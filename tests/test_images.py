@@ -449,3 +449,32 @@ def test_audio_parts_stay_refused_by_name():
     row = {"responses_create_params": {"input": [{"role": "user", "content": content}]}}
     with pytest.raises(InvalidTaskError, match="NeMo Gym feature not supported: audio input"):
         parse_task_row(row, default_environment="nemo_gym")
+
+
+def test_a_program_may_send_images_through_the_gateway_in_chat_form():
+    from rayrollout.agent.openai_shapes import BadRequest, chat_messages
+
+    image = {"type": "image_url", "image_url": {"url": data_url(RED)}}
+    (message,) = chat_messages(
+        [{"role": "user", "content": [{"type": "text", "text": "hi"}, image]}]
+    )
+    assert shown(message) == [RED] and message.content == "hi"
+    # Text parts alone still read as text, as before.
+    (plain,) = chat_messages([{"role": "user", "content": [{"type": "text", "text": "a"}]}])
+    assert plain.content == "a" and plain.parts is None
+    bad = {"type": "image_url", "image_url": {"url": "data:image/png;base64,@@"}}
+    with pytest.raises(BadRequest) as caught:
+        chat_messages([{"role": "user", "content": [bad]}])
+    assert caught.value.param == "messages[0]" and "base64" in str(caught.value)
+
+
+async def test_token_ids_mode_refuses_images_by_name():
+    from rayrollout.policy.client import PolicyError
+
+    config = PolicyConfig(kind="openai", model="m", prompt_mode="token_ids", tokenizer="none")
+    policy = PolicyClient(config, "http://127.0.0.1:9/v1")
+    try:
+        with pytest.raises(PolicyError, match="does not carry images"):
+            await policy.complete(conversation(), tools=[])
+    finally:
+        await policy.close()
