@@ -478,3 +478,42 @@ async def test_token_ids_mode_refuses_images_by_name():
             await policy.complete(conversation(), tools=[])
     finally:
         await policy.close()
+
+
+def test_parts_written_before_images_existed_still_read(tmp_path):
+    import pyarrow as pa
+
+    from rayrollout.data.run_folder import RunFolder
+    from rayrollout.data.schema import trajectory_arrow_schema
+
+    def without_images(data_type: pa.DataType) -> pa.DataType:
+        """The type as it was: message structs without 'parts' (anywhere in it)."""
+        if pa.types.is_list(data_type):
+            return pa.list_(without_images(data_type.value_type))
+        if pa.types.is_struct(data_type):
+            names = [f.name for f in data_type]
+            if "tool_call_id" in names:  # a message
+                return pa.struct([f for f in data_type if f.name != "parts"])
+            return pa.struct([f.with_type(without_images(f.type)) for f in data_type])
+        return data_type
+
+    schema = trajectory_arrow_schema()
+    old = pa.schema([f.with_type(without_images(f.type)) for f in schema if f.name != "images"])
+    text = Trajectory(
+        task_id="old",
+        sample_index=0,
+        group_id="g",
+        environment="e",
+        messages=[Message(role="user", content="hi"), Message(role="assistant", content="yo")],
+        turns=[Turn(sent_messages=[Message(role="user", content="hi")])],
+    )
+    row = text.to_row()
+    row.pop("images")
+    for message in [*row["messages"], *row["turns"][0]["sent_messages"]]:
+        message.pop("parts")
+    write(ParquetSink, tmp_path, [episode(1)])  # a part of now
+    folder = tmp_path / "parquet"
+    pq.write_table(pa.Table.from_pylist([row], schema=old), folder / "part-a-00000.parquet")
+    read = sorted(RunFolder(folder).trajectories(), key=lambda t: t.task_id)
+    assert [t.task_id for t in read] == ["old", "t"]
+    assert read[0] == text and read[1].messages == episode(1).messages
