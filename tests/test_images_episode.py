@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
 import pyarrow.parquet as pq
+import pytest
 from image_envs import picture
 from rich.console import Console
+from test_report import chromium, needs_chromium
 
 from rayrollout.api.rollout_engine import RolloutEngine
+from rayrollout.cli.report import render_report
 from rayrollout.cli.show import render_trajectory
 from rayrollout.data.images import data_url, decode_data_url, image_digest
 
@@ -40,18 +44,25 @@ def task(i: int) -> dict:
     }
 
 
-def test_a_run_shows_images_to_the_policy_and_stores_each_once(ray_session, tmp_path):
+@pytest.fixture(scope="module")
+def image_run(ray_session, tmp_path_factory):
+    """Three episodes of ZoomEnv by the scripted policy: ``(output folder, trajectories)``."""
+    out = tmp_path_factory.mktemp("image-run") / "out"
     config = {
         "namespace": "images-episode",
         "policy": {"scripted": {"hosting": "actor"}},
         "environments": {"zoom": {"path": "image_envs:ZoomEnv"}},
-        "output": {"dir": str(tmp_path / "out")},
+        "output": {"dir": str(out)},
     }
     with RolloutEngine(config) as engine:
         engine.start()
-        trajectories = sorted(
-            engine.collect([task(i) for i in range(3)]).trajectories(), key=lambda t: t.task_id
-        )
+        result = engine.collect([task(i) for i in range(3)])
+        trajectories = sorted(result.trajectories(), key=lambda t: t.task_id)
+    return out, trajectories
+
+
+def test_a_run_shows_images_to_the_policy_and_stores_each_once(image_run):
+    out, trajectories = image_run
     assert [t.status for t in trajectories] == ["ok"] * 3, [t.error for t in trajectories]
     for i, trajectory in enumerate(trajectories):
         prompt, _, first, _, second, answer = trajectory.messages
@@ -66,7 +77,7 @@ def test_a_run_shows_images_to_the_policy_and_stores_each_once(ray_session, tmp_
         assert [t.prompt_message_count for t in trajectory.turns] == [1, 3, 5]
     rows = [
         row
-        for part in sorted((tmp_path / "out").glob("part-*.parquet"))
+        for part in sorted(out.glob("part-*.parquet"))
         for row in pq.read_table(part).to_pylist()
     ]
     for row in rows:
@@ -85,3 +96,49 @@ def test_a_run_shows_images_to_the_policy_and_stores_each_once(ray_session, tmp_
     digest = image_digest(png(picture(0)))[:12]
     assert "image 1: 32x32 image/png" in text and digest in text
     assert "64x64 image/png" in text and "stored once in the row's images column" in text
+
+
+# After the page loads, the body names each thumbnail's decoded size: what Chromium drew.
+_SIZES = (
+    "<script>window.addEventListener('load', () => document.body.dataset.thumbs = "
+    "[...document.querySelectorAll('img.thumb')]"
+    ".map(i => i.naturalWidth + 'x' + i.naturalHeight).join(','));</script>"
+)
+
+
+@needs_chromium
+def test_the_report_lists_episodes_with_thumbnails_that_chromium_draws(image_run, tmp_path):
+    out, trajectories = image_run
+    page = render_report(out)
+    assert page.count('class="thumb"') == 3 * 3  # the slowest list: 3 episodes, 3 images each
+    path = tmp_path / "report.html"
+    path.write_text(page.replace("</body>", _SIZES + "</body>"))
+    dom, stderr = chromium(tmp_path, path, "--dump-dom")
+    sizes = re.search(r'data-thumbs="([^"]*)"', dom)
+    assert sizes is not None, stderr[-2000:]
+    # Each episode: the 32x32 picture at its own size, its two 64x64 crops shrunk to 96 px.
+    assert sizes.group(1).split(",") == ["32x32", "64x64", "64x64"] * 3
+    assert [line for line in stderr.splitlines() if "CONSOLE" in line] == []
+
+
+def test_a_text_only_report_has_no_images_column(tmp_path):
+    from rayrollout.data.schema import Message, Trajectory
+    from rayrollout.data.writer import ParquetSink, PartWriter
+
+    sink = ParquetSink(tmp_path / "out", "run")
+    sink.start()
+    writer = PartWriter(sink, rows_per_part=10, flush_interval_s=60)
+    rows = [
+        Trajectory(
+            task_id="t",
+            sample_index=0,
+            group_id="g",
+            environment="e",
+            messages=[Message(role="user", content="hi")],
+        ).to_row()
+    ]
+    for table in writer.add(rows) + writer.drain():
+        writer.write(table)
+    sink.complete()
+    page = render_report(tmp_path / "out")
+    assert "thumb" not in page.split("</style>")[1] and ">images<" not in page

@@ -39,6 +39,7 @@ __all__ = [
     "is_remote_url",
     "resolve_image_url",
     "sniff_mime",
+    "thumbnail",
 ]
 
 _DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^;,]*)*?);base64,", re.I)
@@ -188,3 +189,19 @@ def resolve_image_url(url: str, base_dir: Path | None) -> str:
     except OSError as exc:
         raise ImageError(f"cannot read image file {str(path)!r}: {exc.strerror or exc}") from None
     return data_url(data, sniff_mime(data))
+
+
+def thumbnail(data: bytes, side: int = 96) -> str | None:
+    """A PNG data URL of the image shrunk to fit ``side`` pixels (a report's thumbnail);
+    None for bytes Pillow cannot read."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            small = image.convert("RGB")
+            small.thumbnail((side, side))
+    except (UnidentifiedImageError, OSError, ValueError):
+        return None
+    buffer = io.BytesIO()
+    small.save(buffer, format="PNG", optimize=True)
+    return data_url(buffer.getvalue(), "image/png")
