@@ -517,3 +517,46 @@ def test_parts_written_before_images_existed_still_read(tmp_path):
     read = sorted(RunFolder(folder).trajectories(), key=lambda t: t.task_id)
     assert [t.task_id for t in read] == ["old", "t"]
     assert read[0] == text and read[1].messages == episode(1).messages
+
+
+def test_show_names_where_each_image_is_kept():
+    from rayrollout.cli.show import image_lines
+
+    message = Message(
+        role="user",
+        content=[
+            {"type": "image_url", "image_url": data_url(RED)},
+            {"type": "image_url", "image_url": "https://example.com/a.png"},
+        ],
+    )
+    parquet, url = image_lines(message, "parquet")
+    assert parquet.startswith("image 1: 24x16 image/png, ") and "images column" in parquet
+    assert (
+        url
+        == "image 2: https://example.com/a.png  (a URL: not stored, the policy server fetches it)"
+    )
+    assert image_lines(message, "jsonl")[0].endswith("inline data URL in the row")
+
+
+def test_the_verl_export_refuses_a_prompt_with_images_by_row():
+    from rayrollout.data.export.base import ExportError
+    from rayrollout.data.export.verl import verl_row
+
+    with pytest.raises(ExportError, match="task 't' sample 0.*shows images"):
+        verl_row(episode(1), 0)
+
+
+def test_nemo_gym_shapes_carry_images_as_input_image_items():
+    from rayrollout.data.responses import episode_response, responses_create_params
+
+    trajectory = episode(1)
+    task = Task(task_id="t", environment="e", prompt=trajectory.messages[:1])
+    (item,) = responses_create_params(task)["input"]
+    assert item["content"][1] == {
+        "type": "input_image",
+        "image_url": data_url(RED),
+        "detail": "auto",
+    }
+    output = episode_response(task, trajectory.messages)["output"]
+    (result,) = [o for o in output if o["type"] == "function_call_output"]
+    assert [p["type"] for p in result["output"]] == ["input_text", "input_image"]
