@@ -189,4 +189,25 @@ TARGETS: tuple[Target, ...] = (
         "cases.bad_rows.duplicated",
         "== 0",
     ),
+    Target(
+        "image_storage",
+        "Parquet bytes, image in every message / once per row (1,000 episodes, 6 showings)",
+        "image_per_episode.size_ratio",
+    ),
+    Target(
+        "image_storage",
+        "Arrow bytes handed to the writer, image in every message / once per row",
+        "image_per_episode.arrow_size_ratio",
+    ),
+    Target(
+        "image_storage",
+        "write seconds, image in every message / once per row",
+        "image_per_episode.write_time_ratio",
+    ),
+    Target(
+        "image_storage",
+        "messages read back identical, images stored once per row (1: yes)",
+        "image_per_episode.once_per_row.round_trip_identical",
+        "== 1",
+    ),
 )

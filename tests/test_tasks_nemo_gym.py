@@ -264,7 +264,6 @@ def test_an_empty_input_is_refused_naming_the_run_time_first_observation():
 @pytest.mark.parametrize(
     ("part", "feature"),
     [
-        ({"type": "input_image", "image_url": "data:image/png;base64,AAAA"}, "image input"),
         ({"type": "input_file", "file_id": "f1"}, "file input"),
         ({"type": "input_audio", "input_audio": {"data": "AAAA"}}, "audio input"),
     ],
@@ -275,6 +274,33 @@ def test_media_content_is_refused_not_dropped(part, feature):
     error = refusal(row)
     assert error.field == "responses_create_params.input[0].content[1]"
     assert error.message.startswith(f"{UNSUPPORTED}: {feature}.")
+
+
+def test_image_content_is_kept_as_an_image_part():
+    content = [
+        {"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "high"},
+        {"type": "input_text", "text": "Where is the red circle?"},
+    ]
+    row = {"responses_create_params": {"input": [{"role": "user", "content": content}]}}
+    task = parse_task_row(row, default_environment="nemo_gym")
+    (message,) = task.prompt
+    assert message.content == "Where is the red circle?"
+    assert [(p.type, p.url, p.detail) for p in message.parts] == [
+        ("image", "data:image/png;base64,AAAA", "high"),
+        ("text", None, None),
+    ]
+    assert task.fields == row  # the row itself is sent back to the resources server
+
+
+def test_an_image_given_by_file_id_is_refused_naming_the_part():
+    content = [
+        {"type": "input_text", "text": "What is it?"},
+        {"type": "input_image", "file_id": "f"},
+    ]
+    row = {"responses_create_params": {"input": [{"role": "user", "content": content}]}}
+    error = refusal(row)
+    assert error.field == "responses_create_params.input[0].content[1]"
+    assert "file_id" in error.message
 
 
 def test_audio_in_metadata_is_refused():

@@ -207,7 +207,11 @@ class AgentEpisode:
         for call in reply.tool_calls or []:
             result = await self.call_tool(call.function.name, call.function.arguments)
             answer = Message(
-                role="tool", tool_call_id=call.id, name=call.function.name, content=result.content
+                role="tool",
+                tool_call_id=call.id,
+                name=call.function.name,
+                content=result.content,
+                parts=result.parts,
             )
             self.messages.append(answer)
             answers.append(answer)

@@ -364,7 +364,10 @@ class Gateway:
         raw_input = body.get("input")
         if not isinstance(raw_input, str | list):
             raise _bad("input", "must be a string or a list of input items")
-        conversation = [*earlier, *items_to_messages(raw_input)]
+        try:
+            conversation = [*earlier, *items_to_messages(raw_input)]
+        except ValueError as exc:  # an image part that cannot be read (pydantic's error)
+            raise _bad("input", str(exc).splitlines()[-1].strip()) from None
         if not conversation:
             raise _bad("input", "holds no message")
         instructions = body.get("instructions")

@@ -49,19 +49,25 @@ _CHAT_ROLES: dict[str, Literal["system", "user", "assistant", "tool"]] = {
 }
 
 
-def _text(content: Any, where: str) -> str | None:
-    """A message's content as text: a string, null, or a list of text parts (joined)."""
+_IMAGE_PARTS = ("image_url", "input_image")
+
+
+def _text(content: Any, where: str) -> str | list[Any] | None:
+    """A message's content as ours: a string, null, a list of text parts (joined), or, when
+    it shows images, the list of parts itself (the message keeps them as parts)."""
     if content is None or isinstance(content, str):
         return content
     if isinstance(content, list):
+        if any(isinstance(p, dict) and p.get("type") in _IMAGE_PARTS for p in content):
+            return content
         texts = []
         for i, part in enumerate(content):
             text = part.get("text") if isinstance(part, dict) else part
             if not isinstance(text, str):
-                raise BadRequest(f"{where}[{i}]", "only text parts are supported")
+                raise BadRequest(f"{where}[{i}]", "only text and image parts are supported")
             texts.append(text)
         return "\n".join(texts)
-    raise BadRequest(where, "must be a string, null or a list of text parts")
+    raise BadRequest(where, "must be a string, null or a list of text and image parts")
 
 
 def _tool_calls(raw: Any, where: str) -> list[ToolCall] | None:

@@ -209,6 +209,7 @@ def plan_collect(
             check_environment=check,
             unique=plan.ids,
             shards=shards is not None,
+            base_dir=None if shards is not None else Path(plan.source).parent,
         )
         plan._hint = lambda: unknown_environments_hint(config) if check.unknown else ""
         _read_head(plan, rows, HEAD_ROWS)

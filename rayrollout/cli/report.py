@@ -4,7 +4,9 @@ Reads the folder once into an episode table (``data.episode_table``: the small c
 only, so a large run stays cheap), computes the run's figures from the rows' own timestamps
 (``data.run_summary``: duration and throughput per collect call, gaps of a resumed run
 kept out), draws the plots (``report_figures``, matplotlib, embedded as PNG data URIs) and
-lays out the page (``report_page``). The page is one file that opens anywhere.
+lays out the page (``report_page``). The episodes it lists show thumbnails of the images
+they showed the model, read from those episodes' rows only. The page is one file that
+opens anywhere.
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ from rayrollout.cli.report_page import (
     segments_table,
 )
 from rayrollout.data.episode_table import load_episodes
+from rayrollout.data.images import decode_data_url, is_data_url, thumbnail
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.run_summary import RunSummary, segment_labels, summarize
 
 __all__ = ["SECTIONS", "load_run", "render_report"]
 
 _SLOWEST = 10
+_THUMBNAILS = 4  # images shown per listed episode
 """Episodes in the slowest list: the tail worth opening; ``show --sort seconds`` has the rest."""
 
 load_run = load_episodes
@@ -83,6 +87,33 @@ def _versions(frame: pd.DataFrame, summary: RunSummary) -> str:
     )
 
 
+def episode_thumbnails(
+    folder: RunFolder, rows: pd.DataFrame, per_episode: int = _THUMBNAILS
+) -> dict[tuple[str, int], list[str]]:
+    """Thumbnails (PNG data URLs) of the first distinct images each listed episode shows,
+    by ``(task_id, sample_index)``; only the listed tasks' rows are read (the folder's
+    filtered scan), so a run's images are never loaded whole."""
+    wanted = {(str(t), int(s)) for t, s in zip(rows["task_id"], rows["sample_index"], strict=True)}
+    found: dict[tuple[str, int], list[str]] = {}
+    for task_id in sorted({t for t, _ in wanted}):
+        for trajectory in folder.trajectories(task_id=task_id):
+            key = (trajectory.task_id, trajectory.sample_index)
+            if key not in wanted:
+                continue
+            urls: list[str] = []
+            for message in trajectory.messages:
+                for part in message.images:
+                    if part.url and part.url not in urls:
+                        urls.append(part.url)
+            thumbs = []
+            for url in urls[:per_episode]:
+                small = thumbnail(decode_data_url(url)[1]) if is_data_url(url) else None
+                if small is not None:
+                    thumbs.append(small)
+            found[key] = thumbs
+    return found
+
+
 def render_report(directory: str | Path, title: str | None = None) -> str:
     """The report page for an output folder, as one HTML string.
 
@@ -99,6 +130,9 @@ def render_report(directory: str | Path, title: str | None = None) -> str:
         ["environment", "status", "finished_at"], kind="stable"
     )
     slowest = frame.sort_values("m_seconds_total", ascending=False, kind="stable")
+    thumbnails = episode_thumbnails(
+        RunFolder(folder), pd.concat([failed.head(LIST_LIMIT), slowest.head(_SLOWEST)])
+    )
     sections = {
         "run": run_table(folder, summary, _rejects(folder)),
         "summary": per_env_table(frame),
@@ -115,6 +149,7 @@ def render_report(directory: str | Path, title: str | None = None) -> str:
             len(failed),
             f"rayrollout show {where} --status failed --limit 0",
             "failed",
+            thumbnails,
         ),
         "slowest": episode_list(
             folder,
@@ -122,6 +157,7 @@ def render_report(directory: str | Path, title: str | None = None) -> str:
             len(slowest),
             f"rayrollout show {where} --sort seconds --limit 0",
             "",
+            thumbnails,
         ),
     }
     return page(title or f"rayrollout report: {folder.name}", headline(summary), sections)

@@ -53,6 +53,7 @@ _ERROR_CHARS = 240
 
 _CSS = """
 * { box-sizing: border-box; }
+img.thumb { max-width: 96px; max-height: 96px; margin-right: 4px; border: 1px solid #ccc; }
 body { font-family: system-ui, sans-serif; margin: 0; padding: 1rem 2rem 3rem; color: #222; }
 h1 { margin: 0.2rem 0 0.6rem; font-size: 1.6rem; }
 h2 { margin: 0 0 0.6rem; font-size: 1.25rem; border-bottom: 2px solid #e0e0e0; }
@@ -295,18 +296,37 @@ def show_command(directory: Path, task_id: str, sample_index: int) -> str:
 
 
 def episode_list(
-    directory: Path, rows: pd.DataFrame, total: int, more_command: str, kind: str
+    directory: Path,
+    rows: pd.DataFrame,
+    total: int,
+    more_command: str,
+    kind: str,
+    thumbnails: dict[tuple[str, int], list[str]] | None = None,
 ) -> str:
     """A table of episodes, each with the ``rayrollout show`` command that opens it.
 
     ``total`` is how many episodes the list stands for; past the rows shown, the page says
-    how many more there are and gives ``more_command``, which lists them all.
+    how many more there are and gives ``more_command``, which lists them all. With
+    ``thumbnails`` (data URLs by ``(task_id, sample_index)``) that hold any, an images
+    column shows them.
     """
     if total == 0:
         return f"<p>No {kind} episodes.</p>"
     lines = []
+    shown = {key: urls for key, urls in (thumbnails or {}).items() if urls}
     for row in rows.itertuples(index=False):
         command = show_command(directory, str(row.task_id), int(row.sample_index))
+        images = ""
+        if shown:
+            urls = shown.get((str(row.task_id), int(row.sample_index)), [])
+            images = (
+                '<td class="text">'
+                + "".join(
+                    f'<img class="thumb" src="{_esc(url)}" alt="image {n} of the episode">'
+                    for n, url in enumerate(urls, start=1)
+                )
+                + "</td>"
+            )
         lines.append(
             f'<tr data-task-id="{_esc(row.task_id)}" data-sample-index="{int(row.sample_index)}">'
             f'<td class="text">{badge(str(row.status))}</td>'
@@ -315,7 +335,7 @@ def episode_list(
             f"<td>{float(row.reward):.3f}</td><td>{int(row.m_turns)}</td>"
             f"<td>{float(row.m_seconds_total):.2f}</td>"
             f'<td class="error">{_esc(_shorten(row.error)) if isinstance(row.error, str) else ""}'
-            f'</td><td class="text"><code>{_esc(command)}</code></td></tr>'
+            f'</td>{images}<td class="text"><code>{_esc(command)}</code></td></tr>'
         )
     more = ""
     if total > len(rows):
@@ -327,7 +347,9 @@ def episode_list(
     return (
         '<table><tr><th class="text">status</th><th class="text">environment</th>'
         '<th class="text">task</th><th>sample</th><th>reward</th><th>turns</th><th>seconds</th>'
-        '<th class="text">error</th><th class="text">open it</th></tr>'
+        '<th class="text">error</th>'
+        + ('<th class="text">images</th>' if shown else "")
+        + '<th class="text">open it</th></tr>'
         f"{''.join(lines)}</table>{more}"
     )
 

@@ -1,7 +1,10 @@
 """``rayrollout show``: one trajectory as a readable conversation in the terminal.
 
-The header gives the reward (any finite float, -1 and 3 as they are); for an episode that
-stepped a reset/step environment, a table gives each step's reward and their running sum.
+Each image a message shows is named under it (its size, type, and where the run keeps it:
+once per row in the Parquet ``images`` column, inline in JSONL, or an http(s) URL); the
+table of model calls counts the images each call was sent. The header gives the reward
+(any finite float, -1 and 3 as they are); for an episode that stepped a reset/step
+environment, a table gives each step's reward and their running sum.
 
 Finding the row uses ``RunFolder``'s filtered scan (Parquet row groups are skipped by
 statistics, JSONL lines without the task id are never parsed), so a large output folder is
@@ -18,10 +21,11 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from rayrollout.data.images import decode_data_url, image_digest, image_size, is_data_url
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import Message, Trajectory
 
-__all__ = ["find_trajectories", "render_trajectory"]
+__all__ = ["find_trajectories", "image_lines", "render_trajectory"]
 
 _ROLE_STYLE = {"system": "magenta", "user": "cyan", "assistant": "green", "tool": "yellow"}
 
@@ -32,10 +36,36 @@ def find_trajectories(directory: str | Path, task_id: str) -> list[Trajectory]:
     return sorted(found, key=lambda t: t.sample_index)
 
 
-def _message_panel(message: Message) -> Panel:
+def image_lines(message: Message, stored_as: str) -> list[str]:
+    """One line per image a message shows: its size in pixels and bytes, its type, and
+    where the run keeps it (``stored_as``: the folder's format, ``parquet`` or ``jsonl``)."""
+    lines = []
+    for n, part in enumerate(message.images, start=1):
+        url = part.url or ""
+        if not is_data_url(url):
+            lines.append(f"image {n}: {url}  (a URL: not stored, the policy server fetches it)")
+            continue
+        mime, data = decode_data_url(url)
+        width, height = image_size(data)
+        pixels = f"{width}x{height}" if width is not None else "size unread"
+        where = (
+            f"stored once in the row's images column, sha256 {image_digest(data)[:12]}"
+            if stored_as == "parquet"
+            else "inline data URL in the row"
+        )
+        lines.append(f"image {n}: {pixels} {mime}, {_kilobytes(len(data))}, {where}")
+    return lines
+
+
+def _kilobytes(size: int) -> str:
+    return f"{size / 1024:.1f} KB" if size >= 1024 else f"{size} B"
+
+
+def _message_panel(message: Message, stored_as: str = "parquet") -> Panel:
     parts: list[Text] = []
     if message.content:
         parts.append(Text(message.content))
+    parts += [Text(line, style="blue") for line in image_lines(message, stored_as)]
     for call in message.tool_calls or []:
         parts.append(
             Text.assemble(
@@ -56,8 +86,9 @@ def _message_panel(message: Message) -> Panel:
     )
 
 
-def render_trajectory(trajectory: Trajectory, console: Console) -> None:
-    """Print the episode: header, every message, the verdict and where the time went."""
+def render_trajectory(trajectory: Trajectory, console: Console, stored_as: str = "parquet") -> None:
+    """Print the episode: header, every message (and the images it shows), the verdict and
+    where the time went. ``stored_as`` is the format of the folder it was read from."""
     status_style = "green" if trajectory.status == "ok" else "red"
     header = Table.grid(padding=(0, 2))
     header.add_row("task", f"{trajectory.task_id}  sample {trajectory.sample_index}")
@@ -71,7 +102,7 @@ def render_trajectory(trajectory: Trajectory, console: Console) -> None:
         header.add_row("error", Text(trajectory.error, style="red"))
     console.print(Panel(header, title="trajectory", title_align="left"))
     for message in trajectory.messages:
-        console.print(_message_panel(message))
+        console.print(_message_panel(message, stored_as))
     if trajectory.verification:
         console.print(
             Panel(
@@ -124,6 +155,7 @@ def render_trajectory(trajectory: Trajectory, console: Console) -> None:
             "prompt ids",
             "completion ids",
             "logprobs",
+            "images",
             "seconds",
             title="model calls",
         )
@@ -132,6 +164,11 @@ def render_trajectory(trajectory: Trajectory, console: Console) -> None:
                 f"{len(turn.sent_messages)} own"
                 if turn.sent_messages is not None
                 else f"first {turn.prompt_message_count}"
+            )
+            shown = (
+                turn.sent_messages
+                if turn.sent_messages is not None
+                else trajectory.messages[: turn.prompt_message_count]
             )
             turns.add_row(
                 str(i),
@@ -142,10 +179,20 @@ def render_trajectory(trajectory: Trajectory, console: Console) -> None:
                 str(len(turn.prompt_token_ids)),
                 str(len(turn.completion_token_ids)),
                 str(len(turn.logprobs)),
+                _turn_images(shown),
                 f"{turn.seconds:.3f}",
             )
         console.print(turns)
     _step_rewards(trajectory, console)
+
+
+def _turn_images(messages: list[Message]) -> str:
+    """The images a model call was sent: how many, and how many of them are distinct."""
+    urls = [part.url for message in messages for part in message.images]
+    if not urls:
+        return "-"
+    distinct = len(set(urls))
+    return f"{len(urls)}" if distinct == len(urls) else f"{len(urls)} ({distinct} distinct)"
 
 
 def _step_rewards(trajectory: Trajectory, console: Console) -> None:

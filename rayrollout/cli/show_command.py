@@ -99,6 +99,7 @@ def _print_task(
 
     from rayrollout.cli.episode_list import filter_episodes
     from rayrollout.cli.show import find_trajectories, render_trajectory
+    from rayrollout.data.run_folder import RunFolder
 
     found = [
         t
@@ -115,5 +116,6 @@ def _print_task(
         fail(
             f"no trajectory of {which} in {directory}" + (" passes the filters" if given else ""), 1
         )
+    stored_as = RunFolder(directory).format
     for trajectory in found:
-        render_trajectory(trajectory, out)
+        render_trajectory(trajectory, out, stored_as)

@@ -16,6 +16,7 @@ __all__ = [
     "json_or_text",
     "messages_to_responses_input",
     "responses_output_to_message",
+    "tool_output",
 ]
 
 
@@ -29,8 +30,17 @@ def chat_tools_to_responses(tools: list[dict[str, Any]]) -> list[dict[str, Any]]
     return [{"type": "function", "strict": None, **tool["function"]} for tool in tools]
 
 
+def tool_output(message: Message) -> str | list[dict[str, Any]]:
+    """A tool message as a ``function_call_output``'s ``output``: its text, or its parts
+    (``input_text`` and ``input_image`` items) when it returned images."""
+    if message.parts is not None:
+        return [part.to_responses() for part in message.parts]
+    return message.content or ""
+
+
 def messages_to_responses_input(messages: list[Message]) -> list[dict[str, Any]]:
-    """Chat messages as Responses-API input items, tool calls and outputs included."""
+    """Chat messages as Responses-API input items, tool calls and outputs included; a
+    message with images sends its parts (``input_image`` items with their URLs)."""
     items: list[dict[str, Any]] = []
     for message in messages:
         if message.role == "tool":
@@ -38,11 +48,14 @@ def messages_to_responses_input(messages: list[Message]) -> list[dict[str, Any]]
                 {
                     "type": "function_call_output",
                     "call_id": message.tool_call_id,
-                    "output": message.content or "",
+                    "output": tool_output(message),
                 }
             )
             continue
-        if message.content:
+        if message.parts is not None:
+            content = [part.to_responses(message.role) for part in message.parts]
+            items.append({"type": "message", "role": message.role, "content": content})
+        elif message.content:
             items.append({"type": "message", "role": message.role, "content": message.content})
         for call in message.tool_calls or []:
             items.append(

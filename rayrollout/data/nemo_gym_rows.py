@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rayrollout.data.responses import items_to_messages
-from rayrollout.data.schema import Message, SamplingParams
+from rayrollout.data.schema import Message, SamplingParams, content_part
 
 __all__ = [
     "UNSUPPORTED",
@@ -35,9 +35,8 @@ UNSUPPORTED = "NeMo Gym feature not supported"
 """How every refusal of a NeMo Gym feature begins; the feature's name follows the colon."""
 
 _ROLE_ALIASES = {"developer": "system"}
+_IMAGE_PARTS = ("input_image", "image_url")
 _MEDIA_PARTS = {
-    "input_image": "image",
-    "image_url": "image",
     "input_audio": "audio",
     "input_file": "file",
     "file": "file",
@@ -159,8 +158,8 @@ def from_nemo_gym(row: dict[str, Any], fail: Fail) -> dict[str, Any]:
             _unsupported(
                 "audio input",
                 "NeMo Gym's vLLM model server splices metadata.audio_data into the user "
-                "message; rayrollout's messages are text only, so the model would never hear "
-                "the audio: run this task with NeMo Gym",
+                "message; rayrollout's messages carry text and images only, so the model "
+                "would never hear the audio: run this task with NeMo Gym",
             ),
         )
     instructions = params.get("instructions")
@@ -305,11 +304,12 @@ def _check_items(items: list[Any], field: str, fail: Fail) -> None:
 
 
 def _text(content: Any, field: str, fail: Fail) -> str:
-    """Message content as text: a string, or a list of text parts.
+    """Message content as text: a string, or a list of text and image parts (checked here,
+    kept as parts by ``items_to_messages``).
 
-    A media part (image, audio, file, video) is refused rather than dropped: rayrollout's
-    messages are text only, and a task whose image silently vanished (``circle_click``,
-    ``vlm_eval_kit``) would still run and be scored, on a question the model cannot see.
+    Any other media part (audio, file, video) is refused rather than dropped: rayrollout's
+    messages carry text and images only, and a task whose audio silently vanished would
+    still run and be scored, on a question the model cannot hear.
     """
     if isinstance(content, str):
         return content
@@ -318,14 +318,20 @@ def _text(content: Any, field: str, fail: Fail) -> str:
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind in _IMAGE_PARTS:
+            try:
+                content_part(part)
+            except ValueError as exc:
+                raise fail(f"{field}[{j}]", str(exc)) from None
+            continue
         if isinstance(kind, str) and kind in _MEDIA_PARTS:
             raise fail(
                 f"{field}[{j}]",
                 _unsupported(
                     f"{_MEDIA_PARTS[kind]} input",
-                    f"The content part is of type {kind!r}, and rayrollout's messages are "
-                    f"text only, so the model would never see the {_MEDIA_PARTS[kind]}: run "
-                    "this task with NeMo Gym",
+                    f"The content part is of type {kind!r}, and rayrollout's messages carry "
+                    "text and images only, so the model would never see the "
+                    f"{_MEDIA_PARTS[kind]}: run this task with NeMo Gym",
                 ),
             )
         if not (

@@ -13,6 +13,7 @@ import uuid
 from typing import Any, Literal
 
 from rayrollout.data.convert import chat_tools_to_responses, messages_to_responses_input
+from rayrollout.data.convert import tool_output as _tool_output
 from rayrollout.data.schema import FunctionCall, Message, Task, ToolCall
 
 __all__ = ["episode_response", "items_to_messages", "responses_create_params", "seed_body"]
@@ -62,7 +63,7 @@ def episode_response(task: Task, messages: list[Message], model: str = "") -> di
                     "type": "function_call_output",
                     "id": f"fco_{i}",
                     "call_id": message.tool_call_id or f"call_{i}",
-                    "output": message.content or "",
+                    "output": _tool_output(message),
                     "status": "completed",
                 }
             )
@@ -102,6 +103,19 @@ def episode_response(task: Task, messages: list[Message], model: str = "") -> di
         "tool_choice": "auto",
         "tools": tools,
     }
+
+
+def _shows_image(content: Any) -> bool:
+    return isinstance(content, list) and any(
+        isinstance(p, dict) and p.get("type") in ("input_image", "image_url", "image")
+        for p in content
+    )
+
+
+def _item_content(content: Any) -> Any:
+    """Item content as a message takes it: the parts when they show an image (the message
+    keeps them), else the text."""
+    return content if _shows_image(content) else _item_text(content)
 
 
 def _item_text(content: Any) -> str:
@@ -146,11 +160,11 @@ def items_to_messages(items: Any) -> list[Message]:
                 Message(
                     role="tool",
                     tool_call_id=str(item.get("call_id", "")),
-                    content=output if isinstance(output, str) else _item_text(output),
+                    content=output if isinstance(output, str) else _item_content(output),
                 )
             )
         elif kind == "message":
             role = _CHAT_ROLES.get(str(item.get("role", "user")))
             if role is not None:  # other roles have no chat equivalent
-                messages.append(Message(role=role, content=_item_text(item.get("content"))))
+                messages.append(Message(role=role, content=_item_content(item.get("content"))))
     return messages

@@ -13,24 +13,47 @@ import json
 import types
 import typing
 import unicodedata
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from rayrollout.data.images import (
+    ImageError,
+    canonical_data_url,
+    data_url,
+    decode_data_url,
+    image_bytes,
+    image_digest,
+    image_size,
+    is_data_url,
+)
 
 __all__ = [
     "RENAMED_COLUMNS",
+    "ContentPart",
     "EpisodeMetrics",
     "FunctionCall",
     "Message",
     "SamplingParams",
     "Status",
+    "StoredImage",
     "TimelineEvent",
     "Task",
     "ToolCall",
     "Trajectory",
     "Turn",
+    "content_part",
+    "inline_images",
     "renamed_columns",
     "stable_task_id",
     "trajectory_arrow_schema",
@@ -72,20 +95,154 @@ class ToolCall(_Model):
     function: FunctionCall
 
 
+class ContentPart(_Model):
+    """One part of a message that shows images: a text, or an image by URL.
+
+    In memory and in JSONL rows an image part holds its ``url`` (a canonical data URL, or an
+    http(s) URL kept as the task gave it). In Parquet rows a data image's bytes sit once in
+    the row's ``images`` column, and the part holds their ``sha256`` instead of the URL.
+    """
+
+    type: Literal["text", "image"] = Field(description="'text' or 'image'.")
+    text: str | None = Field(default=None, description="The text of a text part.")
+    url: str | None = Field(
+        default=None,
+        description="An image part's URL: a data URL, or an http(s) URL (never fetched by "
+        "rayrollout). Null in Parquet rows for a data image (see sha256).",
+    )
+    sha256: str | None = Field(
+        default=None,
+        description="In Parquet rows: the digest of a data image's bytes in the row's "
+        "'images' column. Null in memory and in JSONL rows.",
+    )
+    detail: str | None = Field(
+        default=None, description="The image detail asked of the model ('auto', 'low', 'high')."
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _canonical(cls, url: str | None) -> str | None:
+        # One form of each image's data URL, so a row rebuilt from its stored bytes gives
+        # back the very message that was written.
+        return canonical_data_url(url) if url is not None and is_data_url(url) else url
+
+    @model_validator(mode="after")
+    def _filled(self) -> ContentPart:
+        if self.type == "text" and self.text is None:
+            raise ValueError("a text part needs 'text'")
+        if self.type == "image" and not (self.url or self.sha256):
+            raise ValueError("an image part needs a URL")
+        return self
+
+    def to_chat(self) -> dict[str, Any]:
+        """The part as Chat Completions sends it (``text`` or ``image_url``)."""
+        if self.type == "text":
+            return {"type": "text", "text": self.text}
+        image: dict[str, Any] = {"url": self.url}
+        if self.detail is not None:
+            image["detail"] = self.detail
+        return {"type": "image_url", "image_url": image}
+
+    def to_responses(self, role: str = "user") -> dict[str, Any]:
+        """The part as a Responses-API content item (``input_text``/``output_text`` or
+        ``input_image``)."""
+        if self.type == "text":
+            kind = "output_text" if role == "assistant" else "input_text"
+            return {"type": kind, "text": self.text}
+        return {"type": "input_image", "image_url": self.url, "detail": self.detail or "auto"}
+
+
+_TEXT_KINDS = ("text", "input_text", "output_text")
+
+
+def content_part(raw: Any) -> ContentPart:
+    """A content part in any of the forms rayrollout reads, as ours: Chat ``text`` and
+    ``image_url`` (``{"url", "detail"}`` or the URL alone), Responses ``input_text``,
+    ``output_text`` and ``input_image``, an MCP ``{"type": "image", "data", "mimeType"}``
+    item, or our own ``{"type": "text"|"image", ...}``. Raises ``ValueError`` otherwise."""
+    if isinstance(raw, ContentPart):
+        return raw
+    if not isinstance(raw, dict):
+        raise ValueError(f"a content part must be an object, got {type(raw).__name__}")
+    kind = raw.get("type")
+    if kind in _TEXT_KINDS or (kind is None and "text" in raw):
+        return ContentPart(type="text", text=raw.get("text"))
+    if kind in ("image_url", "input_image"):
+        image = raw.get("image_url")
+        detail = raw.get("detail")
+        if isinstance(image, dict):
+            detail = image.get("detail", detail)
+            image = image.get("url")
+        if not isinstance(image, str) or not image:
+            if raw.get("file_id") is not None:
+                raise ValueError("an image given by file_id (an OpenAI upload) cannot be read")
+            raise ValueError(f"a {kind} part needs its URL in 'image_url'")
+        return ContentPart(type="image", url=image, detail=detail)
+    if kind == "image":
+        if "data" in raw:  # MCP image content
+            found = image_bytes(raw)
+            assert found is not None  # a dict of type image with data is one
+            return ContentPart(type="image", url=data_url(found[1], found[0]))
+        return ContentPart.model_validate(raw)
+    raise ValueError(f"unsupported content part type {kind!r} (text and image parts only)")
+
+
 class Message(_Model):
-    """One chat message in OpenAI Chat Completions form."""
+    """One chat message in OpenAI Chat Completions form.
+
+    A message that shows images keeps its content as ``parts`` (text and image parts in
+    order); ``content`` then holds its text parts joined by newlines, so code that reads
+    text reads it there. Give the content as a list of parts (OpenAI's Chat or Responses
+    forms) and both are filled; ``to_openai`` sends the parts.
+    """
 
     role: Literal["system", "user", "assistant", "tool"]
-    content: str | None = Field(default=None, description="Text; None for pure tool calls.")
+    content: str | None = Field(
+        default=None,
+        description="Text; None for pure tool calls. For a message with parts: its text "
+        "parts joined by newlines.",
+    )
     tool_calls: list[ToolCall] | None = Field(
         default=None, description="Tool calls of an assistant message."
     )
     tool_call_id: str | None = Field(default=None, description="Call answered by a tool message.")
     name: str | None = Field(default=None, description="Tool name of a tool message.")
+    parts: list[ContentPart] | None = Field(
+        default=None,
+        description="The content as text and image parts, in order, when the message shows "
+        "images; null for a text message.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _content_parts(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("content"), list):
+            parts = []
+            for j, raw in enumerate(data["content"]):
+                try:
+                    parts.append(content_part(raw))
+                except (ValueError, ImageError) as exc:
+                    raise ValueError(f"content[{j}]: {exc}") from None
+            data = {**data, "parts": parts, "content": _joined_text(parts)}
+        return data
+
+    @property
+    def images(self) -> list[ContentPart]:
+        """The message's image parts, in order."""
+        return [p for p in self.parts or [] if p.type == "image"]
 
     def to_openai(self) -> dict[str, Any]:
-        """The message as the OpenAI client sends it, without empty fields."""
-        return self.model_dump(exclude_none=True)
+        """The message as the OpenAI client sends it, without empty fields; a message with
+        parts sends them as its content (Chat Completions ``text`` and ``image_url``)."""
+        message = self.model_dump(exclude_none=True, exclude={"parts"})
+        if self.parts is not None:
+            message["content"] = [part.to_chat() for part in self.parts]
+        return message
+
+
+def _joined_text(parts: list[ContentPart]) -> str | None:
+    texts = [p.text for p in parts if p.type == "text" and p.text is not None]
+    return "\n".join(texts) if texts else None
 
 
 class SamplingParams(_Model):
@@ -175,8 +332,10 @@ class Task(_Model):
     def _prompt_has_text(cls, prompt: list[Message]) -> list[Message]:
         # A system prompt alone is a prompt: NeMo Gym tasks whose first user turn comes from
         # the environment (a Gymnasium /reset, a simulated customer) open with it only.
-        if not any(m.role in ("system", "user") and (m.content or "").strip() for m in prompt):
-            raise ValueError("the prompt holds no system or user message with text")
+        if not any(
+            m.role in ("system", "user") and ((m.content or "").strip() or m.images) for m in prompt
+        ):
+            raise ValueError("the prompt holds no system or user message with text or an image")
         return prompt
 
 
@@ -322,6 +481,18 @@ class EpisodeMetrics(_Model):
     )
 
 
+class StoredImage(_Model):
+    """One image of a row, stored once however many messages show it (Parquet rows)."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_bytes="base64", val_json_bytes="base64")
+
+    sha256: str = Field(description="SHA-256 hex digest of the bytes; parts refer to it.")
+    mime: str = Field(description="MIME type, e.g. 'image/png'.")
+    data: bytes = Field(description="The image file's bytes.")
+    width: int | None = Field(default=None, description="Width in pixels (None: unread).")
+    height: int | None = Field(default=None, description="Height in pixels (None: unread).")
+
+
 class Trajectory(_Model):
     """One output row: a finished episode, scored or failed."""
 
@@ -370,6 +541,12 @@ class Trajectory(_Model):
         default_factory=dict, description="The task's verifier fields, for exports and debugging."
     )
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    images: list[StoredImage] = Field(
+        default_factory=list,
+        description="Each data image the row's messages show, once (Parquet rows: image "
+        "parts refer to it by sha256). Empty in JSONL rows, whose parts keep data URLs, and "
+        "in a Trajectory read back, whose parts hold the URLs again.",
+    )
 
     @field_validator("played_by", mode="before")
     @classmethod
@@ -382,6 +559,7 @@ class Trajectory(_Model):
         row = self.model_dump(mode="python")
         for name in _JSON_FIELDS:
             row[name] = json.dumps(row[name], ensure_ascii=False, default=str)
+        row["images"] = _store_images(row)
         return row
 
     @classmethod
@@ -392,7 +570,81 @@ class Trajectory(_Model):
         for name in _JSON_FIELDS:
             if isinstance(data.get(name), str):
                 data[name] = json.loads(data[name])
+        if data.get("images"):
+            data = _restore_images(data)
+        data.pop("images", None)
         return cls.model_validate(data)
+
+
+def _row_messages(row: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every message dict of a row: the transcript and each turn's own sent messages."""
+    yield from row.get("messages") or []
+    for turn in row.get("turns") or []:
+        yield from (turn or {}).get("sent_messages") or []
+
+
+def _store_images(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """Move each data image of a dumped row into its ``images`` list, once, leaving its
+    sha256 in the parts; returns the list (empty for a text-only row: nothing is scanned
+    but the parts of messages that have them)."""
+    stored: dict[str, dict[str, Any]] = {}
+    digests: dict[str, str] = {}  # data URL -> digest: an image shown in 6 turns is decoded once
+    for message in _row_messages(row):
+        for part in message.get("parts") or []:
+            url = part.get("url")
+            if part.get("type") != "image" or not url or not is_data_url(url):
+                continue
+            digest = digests.get(url)
+            if digest is None:
+                mime, data = decode_data_url(url)
+                digest = digests[url] = image_digest(data)
+                if digest not in stored:
+                    width, height = image_size(data)
+                    stored[digest] = {
+                        "sha256": digest,
+                        "mime": mime,
+                        "data": data,
+                        "width": width,
+                        "height": height,
+                    }
+            part["url"], part["sha256"] = None, digest
+    return list(stored.values())
+
+
+def _restore_images(row: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a Parquet row whose image parts hold their data URLs again."""
+    urls = {image["sha256"]: data_url(image["data"], image["mime"]) for image in row["images"]}
+    data = dict(row)
+    data["messages"] = [dict(m) for m in data.get("messages") or []]
+    data["turns"] = [
+        {**t, "sent_messages": [dict(m) for m in t.get("sent_messages") or []] or None}
+        if t.get("sent_messages")
+        else t
+        for t in data.get("turns") or []
+    ]
+    for message in _row_messages(data):
+        if message.get("parts"):
+            message["parts"] = [_restored_part(p, urls) for p in message["parts"]]
+    return data
+
+
+def _restored_part(part: dict[str, Any], urls: dict[str, str]) -> dict[str, Any]:
+    digest = part.get("sha256")
+    if digest is None:
+        return part
+    if digest not in urls:
+        raise ImageError(f"an image part refers to image {digest[:12]}..., not in the row")
+    return {**part, "url": urls[digest], "sha256": None}
+
+
+def inline_images(row: dict[str, Any]) -> dict[str, Any]:
+    """A stored row (``Trajectory.to_row``) with its images back in the parts as data URLs
+    and its ``images`` column empty: the JSONL form, readable line by line on its own."""
+    if not row.get("images"):
+        return row
+    data = _restore_images(row)
+    data["images"] = []
+    return data
 
 
 RENAMED_COLUMNS = {"agent": "worker"}
@@ -445,7 +697,13 @@ def _arrow_type(annotation: Any) -> pa.DataType:
                 for n in annotation.model_fields
             ]
         )
-    simple = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
+    simple = {
+        str: pa.string(),
+        int: pa.int64(),
+        float: pa.float64(),
+        bool: pa.bool_(),
+        bytes: pa.binary(),
+    }
     if annotation in simple:
         return simple[annotation]
     if annotation is datetime:

@@ -52,6 +52,7 @@ import numpy as np
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 
+from rayrollout.data.images import ImageError, is_data_url, is_remote_url, resolve_image_url
 from rayrollout.data.nemo_gym_rows import (
     UNSUPPORTED,
     Fail,
@@ -212,8 +213,14 @@ def parse_task_row(
     source: str = "<tasks>",
     line: int = 0,
     shard: str | None = None,
+    base_dir: Path | None = None,
 ) -> Task:
     """Build a ``Task`` from a row in either format; raises ``InvalidTaskError``.
+
+    Images in the prompt (Chat ``image_url`` parts, Responses ``input_image`` items) are
+    kept as image parts of their messages: a data URL as it is, an http(s) URL as it is
+    (never fetched here), a file path read now, relative to ``base_dir`` (the task file's
+    folder), into a data URL (``images.resolve_image_url``).
 
     Our own fields come from a NeMo Gym row as follows, while ``fields`` keeps the row whole:
     ``task_id`` is the row's when it is a string or an integer (else its content's digest
@@ -262,7 +269,7 @@ def parse_task_row(
     elif isinstance(data["task_id"], int) and not isinstance(data["task_id"], bool):
         data["task_id"] = str(data["task_id"])
     try:
-        return Task.model_validate(data)
+        task = Task.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or None
@@ -270,6 +277,22 @@ def parse_task_row(
             field = "responses_create_params.input"
         message = first["msg"].removeprefix("Value error, ")  # our validators' own text
         raise fail(field, f"{message} (got {short(first.get('input'))})") from None
+    _resolve_images(task, base_dir, fail)
+    return task
+
+
+def _resolve_images(task: Task, base_dir: Path | None, fail: Fail) -> None:
+    """Read the image files a task's prompt names into data URLs, in place."""
+    for i, message in enumerate(task.prompt):
+        for j, part in enumerate(message.parts or []):
+            if part.type != "image" or part.url is None:
+                continue
+            if is_data_url(part.url) or is_remote_url(part.url):
+                continue
+            try:
+                part.url = resolve_image_url(part.url, base_dir)
+            except ImageError as exc:
+                raise fail(f"prompt[{i}].content[{j}]", str(exc)) from None
 
 
 def numbered_task_id(row: dict[str, Any], line: int, shard: str | None = None) -> str:
@@ -398,6 +421,7 @@ def check_rows(
     check_environment: Callable[[str], bool] | None = None,
     unique: UniqueTaskIds | None = None,
     shards: bool = False,
+    base_dir: Path | None = None,
 ) -> Iterator[CheckedRow]:
     """Each row read, checked: ``(source, line, task or the error, raw text)``.
 
@@ -410,6 +434,8 @@ def check_rows(
             share it across calls.
         shards: The rows come from a shard set: a NeMo Gym row without an id is numbered
             by its shard and line (``numbered_task_id``).
+        base_dir: The folder that image paths in prompts are relative to (the task file's);
+            None: a relative image path is a row error.
 
     Errors are yielded, not raised, so a caller decides (stop, or ``--skip-invalid``).
     """
@@ -427,6 +453,7 @@ def check_rows(
                     source=source,
                     line=line,
                     shard=source if shards else None,
+                    base_dir=base_dir,
                 )
             )
             if check_environment is not None:
@@ -472,7 +499,10 @@ def read_tasks(
     source = Path(path).name
     read = ((source, line, row, raw) for line, row, raw in iter_task_rows(path))
     checked = check_rows(
-        read, default_environment=default_environment, check_environment=check_environment
+        read,
+        default_environment=default_environment,
+        check_environment=check_environment,
+        base_dir=Path(path).parent,
     )
     for _, _, task, raw in checked:
         if isinstance(task, InvalidTaskError):

@@ -22,6 +22,7 @@ from pydantic import Field
 
 from rayrollout.data.figures import Figures
 from rayrollout.data.run_folder import FORMATS, SCHEMA, RunFolder, WriterError
+from rayrollout.data.schema import inline_images
 
 __all__ = [
     "SCHEMA",
@@ -102,6 +103,7 @@ class JsonlSink(_PartSink):
     def _write_file(self, table: pa.Table, path: Path) -> None:
         with path.open("w", encoding="utf-8") as file:
             for row in table.to_pylist():
+                row = inline_images(row)  # JSONL keeps each image as a data URL in its parts
                 file.write(json.dumps(row, ensure_ascii=False, default=_json_default) + "\n")
             file.flush()
             os.fsync(file.fileno())

@@ -39,7 +39,8 @@ from typing import Any, ClassVar, Literal, TypeVar, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
-from rayrollout.data.schema import Message, Task, ToolCall
+from rayrollout.data.images import data_url, image_bytes
+from rayrollout.data.schema import ContentPart, Message, Task, ToolCall
 from rayrollout.environment.tool_args import ToolCallRejected, parse_arguments, unknown_tool
 from rayrollout.errors import EnvironmentBoundaryError
 
@@ -51,6 +52,7 @@ __all__ = [
     "ToolResult",
     "Verification",
     "tool",
+    "tool_result",
 ]
 
 Hosting = Literal["inline", "serve"]
@@ -62,10 +64,40 @@ class ToolError(EnvironmentBoundaryError):
 
 
 class ToolResult(BaseModel):
-    """What a tool call hands back to the model."""
+    """What a tool call hands back to the model: text, or text and images.
+
+    A tool may return an image: a Pillow image, image file bytes, an MCP image content item
+    ``{"type": "image", "data": <base64>, "mimeType": ...}``, or a list mixing those with
+    text. The result then holds ``parts`` (in order) and ``content`` their text joined.
+    """
 
     content: str
     is_error: bool = False
+    parts: list[ContentPart] | None = None
+
+
+def tool_result(value: Any) -> ToolResult:
+    """A tool's return value as its result: text as it is, an image or a list holding
+    images as parts, anything else as JSON text."""
+    if isinstance(value, str):
+        return ToolResult(content=value)
+    items = value if isinstance(value, list | tuple) else [value]
+    if any(image_bytes(item) is not None for item in items):
+        parts = [_part(item) for item in items]
+        texts = [p.text for p in parts if p.type == "text" and p.text is not None]
+        return ToolResult(content="\n".join(texts), parts=parts)
+    return ToolResult(content=json.dumps(value, ensure_ascii=False, default=str))
+
+
+def _part(item: Any) -> ContentPart:
+    """One item of a tool's list result as a content part."""
+    found = image_bytes(item)
+    if found is not None:
+        return ContentPart(type="image", url=data_url(found[1], found[0]))
+    if isinstance(item, dict) and item.get("type") == "text" and isinstance(item.get("text"), str):
+        return ContentPart(type="text", text=item["text"])  # an MCP text item
+    text = item if isinstance(item, str) else json.dumps(item, ensure_ascii=False, default=str)
+    return ContentPart(type="text", text=text)
 
 
 class Verification(BaseModel):
@@ -253,6 +285,4 @@ class Environment:
             value = await getattr(self, name)(**args)
         except ToolError as exc:
             return ToolResult(content=f"Error: {exc}", is_error=True)
-        if isinstance(value, str):
-            return ToolResult(content=value)
-        return ToolResult(content=json.dumps(value, ensure_ascii=False, default=str))
+        return tool_result(value)

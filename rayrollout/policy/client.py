@@ -317,6 +317,12 @@ class PolicyClient:
     async def _token_ids(self, call: _Call) -> tuple[Message, Turn]:
         """Token-in, token-out: send kept ids + rendered new messages to /v1/completions."""
         cfg = self.config
+        if any(m.parts is not None and m.images for m in call.messages):
+            raise PolicyError(
+                "prompt_mode 'token_ids' renders prompts as text with the chat template and "
+                "does not carry images: use prompt_mode 'messages' (api 'chat' or "
+                "'responses') for episodes that show images"
+            )
         openai_messages = [m.to_openai() for m in call.messages]
         last = call.history[-1] if call.history else None
         if last is not None and last.prompt_token_ids:

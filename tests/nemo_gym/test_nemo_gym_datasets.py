@@ -26,7 +26,6 @@ from rayrollout.data.tasks import UNSUPPORTED, InvalidTaskError, iter_task_rows,
 # The features rayrollout refuses, as each refusal names them after "UNSUPPORTED: ".
 RUN_TIME_FIRST_OBSERVATION = "a first observation made at run time"
 USERSIM = "NeMo UserSim's simulated user"
-IMAGE = "image input"
 AUDIO = "audio input"
 
 # Every dataset of 0.7.0 that is refused, and the one reason all its rows are refused for.
@@ -42,11 +41,6 @@ REFUSED = {
     "scicode": RUN_TIME_FIRST_OBSERVATION,
     "legal_agent_bench": RUN_TIME_FIRST_OBSERVATION,
     "nemo_user_sim": USERSIM,
-    "circle_click": IMAGE,
-    "circle_count": IMAGE,
-    "gui_coordinate": IMAGE,
-    "image_tools": IMAGE,
-    "vlm_eval_kit": IMAGE,
     "asr_with_pc": AUDIO,
 }
 DATASETS = 145

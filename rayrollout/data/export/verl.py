@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from rayrollout.data.export.base import ExportError
 from rayrollout.data.export.trl import split_prompt, tools_text
 from rayrollout.data.schema import Trajectory
 
@@ -29,6 +30,11 @@ def verl_row(
     for a custom verl reward function; ``extra_info`` adds how the task fared here.
     """
     prompt, _ = split_prompt(trajectory)
+    if any(m.images for m in prompt):  # a text prompt would lose the picture it asks about
+        raise ExportError(
+            f"task '{trajectory.task_id}' sample {trajectory.sample_index}, field 'messages': "
+            "its prompt shows images, and the verl export writes text prompts only"
+        )
     fields = {
         k: v
         for k, v in trajectory.task_fields.items()
