@@ -12,7 +12,8 @@ an ``except ValueError`` catch something it did not catch before.
 
 Inside an episode, failures stay data (a trajectory's ``status`` and ``error``); these types
 reach a caller only where a run as a whole cannot go on: bad input before anything runs, an
-output folder that cannot be written, a cluster service missing or taken.
+output folder that cannot be written, a cluster service missing or taken, a trainer's batch
+with more failed episodes than its adapter accepts.
 
 The command line turns them into one line, ``error: <message>``, with exit code 2 for an
 ``InputError`` (fix the command or its files) and 1 for the rest (``exit_code``).
@@ -25,6 +26,7 @@ from __future__ import annotations
 __all__ = [
     "ClusterError",
     "EnvironmentBoundaryError",
+    "EpisodesFailedError",
     "InputError",
     "OutputError",
     "PolicyBoundaryError",
@@ -63,6 +65,12 @@ class OutputError(RayrolloutError):
 
 class ClusterError(RayrolloutError):
     """A named service on the Ray cluster is missing, or taken by another run."""
+
+
+class EpisodesFailedError(RayrolloutError):
+    """Too many of a batch's episodes failed for a trainer to go on. Each failure is a row with
+    its own ``status`` and ``error`` (the policy's or the environment's side); this is the
+    batch as a whole, so it belongs to neither boundary."""
 
 
 def exit_code(error: RayrolloutError) -> int:

@@ -190,6 +190,7 @@ def test_every_exception_joins_the_tree_under_one_boundary():
         errors.EnvironmentBoundaryError,
         errors.OutputError,
         errors.ClusterError,
+        errors.EpisodesFailedError,
     )
     classes = [
         cls

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rayrollout.client.models import TrajectoryRow
+from rayrollout.errors import EpisodesFailedError
 
-__all__ = ["Sequence", "flatten", "group_rows"]
+__all__ = ["Sequence", "TooManyFailuresError", "check_failures", "flatten", "group_rows"]
 
 POLICY = "policy"
 
@@ -127,3 +128,21 @@ def task_row(
     if environment:
         row["environment"] = environment
     return row
+
+
+class TooManyFailuresError(EpisodesFailedError, RuntimeError):
+    """More of a batch's episodes failed than the adapter was told to accept."""
+
+
+def check_failures(sequences: list[Sequence], max_failed_fraction: float) -> list[Sequence]:
+    """The batch's failed sequences; raises ``TooManyFailuresError``, naming the first, when
+    they are more than ``max_failed_fraction`` of it."""
+    failures = [s for s in sequences if s.failed]
+    if len(failures) > max_failed_fraction * len(sequences):
+        first = failures[0]
+        raise TooManyFailuresError(
+            f"{len(failures)} of {len(sequences)} episodes failed (more than "
+            f"{max_failed_fraction:.0%}); first: task {first.task_id!r} sample "
+            f"{first.sample_index}: {first.status}: {first.error}"
+        )
+    return failures

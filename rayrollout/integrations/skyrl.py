@@ -20,8 +20,14 @@ from collections import Counter
 from typing import Any
 
 from rayrollout.client import AsyncRolloutClient
-from rayrollout.errors import RayrolloutError
-from rayrollout.integrations.sequences import Sequence, flatten, group_rows, task_row
+from rayrollout.integrations.sequences import (
+    Sequence,
+    TooManyFailuresError,
+    check_failures,
+    flatten,
+    group_rows,
+    task_row,
+)
 
 try:
     from skyrl.train.generators.base import (
@@ -45,10 +51,6 @@ SAMPLING_KEYS = {
     "max_tokens": "max_tokens",
     "seed": "seed",
 }
-
-
-class TooManyFailuresError(RayrolloutError):
-    """More of a batch's episodes failed than the adapter was told to accept."""
 
 
 class RayrolloutGenerator(GeneratorInterface):
@@ -120,15 +122,7 @@ class RayrolloutGenerator(GeneratorInterface):
             position = sorted(repetitions[tid.instance_id]).index(tid.repetition_id)
             sequences.append(flatten(groups[tid.instance_id][position]))
         self.last_sequences = sequences
-        self.last_failures = [s for s in sequences if s.failed]
-        failed = len(self.last_failures)
-        if failed > self.max_failed_fraction * len(sequences):
-            first = self.last_failures[0]
-            raise TooManyFailuresError(
-                f"{failed} of {len(sequences)} episodes failed (more than "
-                f"{self.max_failed_fraction:.0%}); first: task {first.task_id!r} sample "
-                f"{first.sample_index}: {first.status}: {first.error}"
-            )
+        self.last_failures = check_failures(sequences, self.max_failed_fraction)
         versions = [v for s in sequences for v in s.policy_versions]
         output: GeneratorOutput = {
             "prompt_token_ids": [s.prompt_ids for s in sequences],
@@ -137,7 +131,7 @@ class RayrolloutGenerator(GeneratorInterface):
             "loss_masks": [s.mask for s in sequences],
             "stop_reasons": [s.stop_reason for s in sequences],
             "rollout_metrics": {
-                "rayrollout/failed_episodes": failed,
+                "rayrollout/failed_episodes": len(self.last_failures),
                 "rayrollout/mean_turns": sum(s.num_turns for s in sequences) / len(sequences),
                 "rayrollout/oldest_policy_version": min(versions, default=0),
             },

@@ -32,7 +32,14 @@ from typing import Any
 
 from rayrollout.client import RolloutClient
 from rayrollout.errors import InputError, RayrolloutError
-from rayrollout.integrations.sequences import Sequence, flatten, group_rows, task_row
+from rayrollout.integrations.sequences import (
+    Sequence,
+    TooManyFailuresError,
+    check_failures,
+    flatten,
+    group_rows,
+    task_row,
+)
 
 try:
     import numpy as np
@@ -51,10 +58,6 @@ __all__ = ["RayrolloutAgentLoopManager", "RayrolloutCheckpointManager", "TooMany
 # verl's own keys of a dataset row's ``extra_info``; the task row's fields go under
 # ``extra_info["rayrollout"]``.
 TASK_KEY = "rayrollout"
-
-
-class TooManyFailuresError(RayrolloutError):
-    """More of a batch's episodes failed than the manager was told to accept."""
 
 
 def settings(config: Any) -> dict[str, Any]:
@@ -225,15 +228,7 @@ class RayrolloutAgentLoopManager:
 
     def check_failures(self, sequences: list[Sequence]) -> None:
         """Keep the failures in ``last_failures``; raise when there are too many."""
-        self.last_failures = [s for s in sequences if s.failed]
-        failed = len(self.last_failures)
-        if failed > self.max_failed_fraction * len(sequences):
-            first = self.last_failures[0]
-            raise TooManyFailuresError(
-                f"{failed} of {len(sequences)} episodes failed (more than "
-                f"{self.max_failed_fraction:.0%}); first: task {first.task_id!r} sample "
-                f"{first.sample_index}: {first.status}: {first.error}"
-            )
+        self.last_failures = check_failures(sequences, self.max_failed_fraction)
 
     def to_data_proto(self, sequences: list[Sequence], source: DataProto) -> DataProto:
         """verl's padded batch for ``sequences`` (one per row of ``source``, in order)."""
