@@ -31,8 +31,9 @@ AUDIO = "audio input"
 
 # Every dataset of 0.7.0 that is refused, and the one reason all its rows are refused for.
 REFUSED = {
-    # (aviary, toolsandbox and terminal_bench_4 are read: their /seed_session answers the
-    # first observation, test_nemo_gym_seeded.py.) An agent harness writes the prompt from the row's other fields.
+    # aviary, toolsandbox and terminal_bench_4 are read: their /seed_session answers the
+    # first observation (test_nemo_gym_seeded.py).
+    # An agent harness writes the prompt from the row's other fields.
     "gdpval": RUN_TIME_FIRST_OBSERVATION,
     "scicode": RUN_TIME_FIRST_OBSERVATION,
     "legal_agent_bench": RUN_TIME_FIRST_OBSERVATION,

@@ -1,0 +1,202 @@
+"""NeMo Gym 0.7.0's rows opened by ``/seed_session``, against its own servers and agent.
+
+toolsandbox is NeMo Gym's own server (the vendored apple/ToolSandbox: ``/seed_session``
+answers a scenario's system prompt and first user turn with its tools, ``/step`` runs the
+model's tool calls in the sandbox or hands its text to a simulated user, ``/close`` scores
+the milestones, ``/verify`` answers that score), started by its own ``ng_run`` with the
+scripted policy as its simulated user's model. Its own example rows are read by
+``collect`` and played from the server's first observation; the same rows and the same
+scripted policy through NeMo Gym's own ``toolsandbox_agent`` give the same rewards.
+
+The other two seeded datasets cannot be played here: aviary's server needs the ``fhaviary``
+package and downloads its GSM8k split from the Hugging Face hub when it starts, and
+terminal_bench_4's seeds a Docker sandbox of a task it downloads. terminal_bench_4's rows
+are read and each episode refused, naming the sandbox, before any request is sent.
+
+ToolSandbox's own dependencies (polars, rouge-score, ...) are not NeMo Gym's: ``.ci/nemo_gym``
+installs them into its venv, or ``TOOLSANDBOX_DEPS`` names a folder that holds them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import requests
+import yaml
+from ngrun import NG_VENV, NemoGymRun, free_port, resources_server_block
+from ray import serve
+from typer.testing import CliRunner
+
+from rayrollout.cli.commands import app as cli_app
+from rayrollout.data.tasks import UNSUPPORTED
+
+SERVER = "toolsandbox"
+DEPS = os.environ.get("TOOLSANDBOX_DEPS")
+# What ToolSandbox's server imports beside NeMo Gym (its requirements.txt).
+IMPORTS = "polars, networkx, rouge_score, rapidfuzz, strenum, phonenumbers, geopy, holidays, pint"
+
+
+@pytest.fixture(scope="module")
+def toolsandbox_env(ng_python: Path) -> dict[str, str]:
+    env = {"PYTHONPATH": DEPS} if DEPS else {}
+    found = subprocess.run(
+        [str(ng_python), "-c", f"import {IMPORTS}"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+    )
+    if found.returncode != 0:
+        pytest.fail(
+            "ToolSandbox's dependencies are not installed beside NeMo Gym "
+            f"({found.stderr.strip().splitlines()[-1]}): run `bash .ci/nemo_gym install`, or "
+            "set TOOLSANDBOX_DEPS to a folder holding them"
+        )
+    return env
+
+
+@pytest.fixture(scope="module")
+def policy_url(serve_session: int) -> Iterator[str]:
+    from rayrollout.deployments.scripted import scripted_policy_app
+
+    from rayrollout.auth import RouteAuth
+
+    # NeMo Gym's openai_model sends its openai_api_key (below) as the bearer token.
+    app = scripted_policy_app(auth=RouteAuth.bearer("not-needed"))
+    serve.run(app, name="ng-seed-policy", route_prefix="/ng-seed-policy")
+    yield f"http://127.0.0.1:{serve_session}/ng-seed-policy/v1"
+    serve.delete("ng-seed-policy")
+
+
+def _blocks(ng_src: Path, port: int, policy_url: str) -> dict:
+    """toolsandbox, its own toolsandbox_agent, and the scripted policy as ``policy_model``
+    (the agent's model and the simulated user's)."""
+    blocks = resources_server_block(SERVER, port)
+    own = ng_src / "resources_servers" / SERVER / "configs" / f"{SERVER}.yaml"
+    config = yaml.safe_load(own.read_text())
+    # Its agent's block is in the agent's own config (config_paths), overridden by toolsandbox's.
+    agent_yaml = ng_src / "responses_api_agents" / "toolsandbox_agent" / "configs"
+    agent = yaml.safe_load((agent_yaml / "toolsandbox_agent.yaml").read_text())
+    settings = agent["toolsandbox_agent"]["responses_api_agents"]["toolsandbox_agent"]
+    settings.update(config["toolsandbox_agent"]["responses_api_agents"]["toolsandbox_agent"])
+    settings["datasets"] = [d for d in settings["datasets"] if d["name"] == "example"]
+    blocks["toolsandbox_agent"] = agent["toolsandbox_agent"]
+    blocks["toolsandbox_agent_environment_server"] = config["toolsandbox_agent_environment_server"]
+    blocks["policy_model"] = {
+        "responses_api_models": {
+            "openai_model": {
+                "entrypoint": "app.py",
+                "openai_base_url": policy_url,
+                "openai_api_key": "not-needed",
+                "openai_model": "scripted",
+                "openai_default_headers": {},
+            }
+        }
+    }
+    return blocks
+
+
+def _collect(tmp_path: Path, tasks: Path, url: str, port: int, exit_code: int = 0) -> pd.DataFrame:
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {"namespace": f"ng-seed-{tmp_path.name[-8:]}", "ray": {"serve_port": port},
+             "episode": {"max_turns": 30}}
+        )
+    )  # fmt: skip
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        cli_app,
+        ["collect", str(tasks), "--env", SERVER, "--env-url", f"{SERVER}={url}",
+         "--agent", "reset_step", "--out", str(out), "--config", str(config)],
+    )  # fmt: skip
+    assert result.exit_code == exit_code, result.output
+    return pd.read_parquet(out)
+
+
+def test_toolsandbox_rows_play_from_its_seed_and_score_as_its_own_agent(
+    ng_src: Path, toolsandbox_env: dict, policy_url: str, serve_session: int, tmp_path: Path
+) -> None:
+    example = ng_src / "resources_servers" / SERVER / "data" / "example.jsonl"
+    rows = [json.loads(line) for line in example.read_text().splitlines() if line.strip()]
+    tasks = tmp_path / "toolsandbox.jsonl"
+    tasks.write_text(example.read_text())
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    run = NemoGymRun(_blocks(ng_src, port, policy_url), tmp_path, extra_env=toolsandbox_env)
+    output = tmp_path / "rollouts.jsonl"
+    try:
+        run.start()
+        # What the server opens each scenario with, asked directly (then released).
+        openings = {}
+        for row in rows:
+            seed = requests.post(f"{url}/seed_session", json=row, timeout=120)
+            assert seed.status_code == 200, seed.text
+            answer = seed.json()
+            openings[row["task_idx"]] = (answer["obs"], answer["tools"], answer["scenario"])
+            requests.post(f"{url}/close", json={"env_id": answer["env_id"]}, timeout=120)
+        ours = _collect(tmp_path, tasks, url, serve_session)
+        collected = subprocess.run(
+            [
+                str(NG_VENV / "bin" / "ng_collect_rollouts"),
+                "+agent_name=toolsandbox_agent",
+                f"+input_jsonl_fpath={tasks}",
+                f"+output_jsonl_fpath={output}",
+                f"+head_server={{host: 127.0.0.1, port: {run.head_port}}}",
+            ],
+            cwd=tmp_path,
+            env=run.environment(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-3000:]
+    finally:
+        run.stop()
+
+    assert len(ours) == len(rows)
+    assert (ours["status"] == "ok").all(), ours["error"].tolist()
+    assert ours["close_error"].isna().all(), ours["close_error"].tolist()
+    theirs = {
+        json.loads(line)["task_idx"]: json.loads(line)
+        for line in output.read_text().splitlines()
+        if line.strip()
+    }
+    assert sorted(theirs) == sorted(openings)
+    for _, row in ours.iterrows():
+        index = json.loads(row["task_fields"])["task_idx"]
+        obs, tools, scenario = openings[index]
+        messages = list(row["messages"])
+        # The first observation is the server's text, exactly, as environment messages
+        # before the first model call (in its prompt, never sampled by the policy).
+        assert [(m["role"], m["content"]) for m in messages[: len(obs)]] == [
+            (o["role"], o["content"]) for o in obs
+        ], index
+        assert row["turns"][0]["prompt_message_count"] == len(obs)
+        assert [t["function"]["name"] for t in json.loads(row["tools"])] == [
+            t["name"] for t in tools
+        ]
+        verification = json.loads(row["verification"])
+        assert verification["scenario"] == scenario
+        # The same score as NeMo Gym's own agent gets with the same (scripted) model.
+        assert row["reward"] == theirs[index]["reward"], (index, row["reward"], theirs[index])
+        assert verification["milestone_similarity"] == theirs[index]["milestone_similarity"]
+
+
+def test_terminal_bench_4_rows_are_read_and_each_episode_refused_naming_the_sandbox(
+    ng_src: Path, serve_session: int, tmp_path: Path
+) -> None:
+    example = ng_src / "resources_servers" / "terminal_bench_4" / "data" / "example.jsonl"
+    rows = [line for line in example.read_text().splitlines() if line.strip()]
+    tasks = tmp_path / "tb4.jsonl"
+    tasks.write_text(example.read_text())
+    # Nothing listens there: a request would fail with a connection error, not this.
+    frame = _collect(tmp_path, tasks, f"http://127.0.0.1:{free_port()}", serve_session, 3)
+    assert len(frame) == len(rows)
+    for error in frame["error"]:
+        assert f"{UNSUPPORTED}: a task sandbox." in error and "Docker" in error, error
