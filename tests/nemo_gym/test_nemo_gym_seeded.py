@@ -22,7 +22,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pandas as pd
@@ -37,6 +39,15 @@ from rayrollout.cli.commands import app as cli_app
 from rayrollout.data.tasks import UNSUPPORTED
 
 SERVER = "toolsandbox"
+SOLVE_0 = json.dumps(
+    [
+        {
+            "tool": "add_contact",
+            "arguments": {"name": "Stephen Sondheim", "phone_number": "+19876543210"},
+        },
+        "Stephen Sondheim has been added to your contacts.",
+    ]
+)
 DEPS = os.environ.get("TOOLSANDBOX_DEPS")
 # What ToolSandbox's server imports beside NeMo Gym (its requirements.txt).
 IMPORTS = "polars, networkx, rouge_score, rapidfuzz, strenum, phonenumbers, geopy, holidays, pint"
@@ -84,6 +95,7 @@ def _blocks(ng_src: Path, port: int, policy_url: str) -> dict:
     agent = yaml.safe_load((agent_yaml / "toolsandbox_agent.yaml").read_text())
     settings = agent["toolsandbox_agent"]["responses_api_agents"]["toolsandbox_agent"]
     settings.update(config["toolsandbox_agent"]["responses_api_agents"]["toolsandbox_agent"])
+    settings["resources_server"] = {"type": "resources_servers", "name": SERVER}
     settings["datasets"] = [d for d in settings["datasets"] if d["name"] == "example"]
     blocks["toolsandbox_agent"] = agent["toolsandbox_agent"]
     blocks["toolsandbox_agent_environment_server"] = config["toolsandbox_agent_environment_server"]
@@ -124,8 +136,11 @@ def test_toolsandbox_rows_play_from_its_seed_and_score_as_its_own_agent(
 ) -> None:
     example = ng_src / "resources_servers" / SERVER / "data" / "example.jsonl"
     rows = [json.loads(line) for line in example.read_text().splitlines() if line.strip()]
+    # Row 0's scenario (add a contact, then say so) played right: the scripted replies ride in
+    # the row's own `instructions`, which both agents put before the server's observation.
+    rows[0]["responses_create_params"]["instructions"] = f"Help the user. [[replies={SOLVE_0}]]"
     tasks = tmp_path / "toolsandbox.jsonl"
-    tasks.write_text(example.read_text())
+    tasks.write_text("".join(json.dumps(row) + "\n" for row in rows))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     run = NemoGymRun(_blocks(ng_src, port, policy_url), tmp_path, extra_env=toolsandbox_env)
@@ -159,33 +174,64 @@ def test_toolsandbox_rows_play_from_its_seed_and_score_as_its_own_agent(
     finally:
         run.stop()
 
-    assert len(ours) == len(rows)
-    assert (ours["status"] == "ok").all(), ours["error"].tolist()
-    assert ours["close_error"].isna().all(), ours["close_error"].tolist()
     theirs = {
         json.loads(line)["task_idx"]: json.loads(line)
         for line in output.read_text().splitlines()
         if line.strip()
     }
+    rewards = {json.loads(r["task_fields"])["task_idx"]: r["reward"] for _, r in ours.iterrows()}
+    print(f"\ntoolsandbox rewards by task_idx, rayrollout: {rewards}")
+    print(f"toolsandbox rewards by task_idx, NeMo Gym's toolsandbox_agent: "
+          f"{ {i: t['reward'] for i, t in sorted(theirs.items())} }; turn counts "
+          f"{ {i: t['turn_count'] for i, t in sorted(theirs.items())} }")  # fmt: skip
+    assert len(ours) == len(rows)
+    assert (ours["status"] == "ok").all(), ours["error"].tolist()
+    assert ours["close_error"].isna().all(), ours["close_error"].tolist()
     assert sorted(theirs) == sorted(openings)
+    assert rewards[0] > 0.0  # a scenario solved, not only failed ones compared
     for _, row in ours.iterrows():
         index = json.loads(row["task_fields"])["task_idx"]
         obs, tools, scenario = openings[index]
-        messages = list(row["messages"])
+        lead = 1 if index == 0 else 0  # the instructions' system message
+        messages = list(row["messages"])[lead:]
         # The first observation is the server's text, exactly, as environment messages
         # before the first model call (in its prompt, never sampled by the policy).
         assert [(m["role"], m["content"]) for m in messages[: len(obs)]] == [
             (o["role"], o["content"]) for o in obs
         ], index
-        assert row["turns"][0]["prompt_message_count"] == len(obs)
+        assert row["turns"][0]["prompt_message_count"] == lead + len(obs)
         assert [t["function"]["name"] for t in json.loads(row["tools"])] == [
             t["name"] for t in tools
         ]
         verification = json.loads(row["verification"])
         assert verification["scenario"] == scenario
-        # The same score as NeMo Gym's own agent gets with the same (scripted) model.
-        assert row["reward"] == theirs[index]["reward"], (index, row["reward"], theirs[index])
-        assert verification["milestone_similarity"] == theirs[index]["milestone_similarity"]
+        if index == 0:  # solved: the contact added, the user told (both milestones)
+            assert row["reward"] == 1.0 and verification["milestone_similarity"] == 1.0
+            continue
+        # The same score as NeMo Gym's own agent gets with the same (scripted) model. (Row 0
+        # is left out: the scripted policy's /v1/responses, which NeMo Gym's openai_model
+        # calls, does not read `instructions`, so its agent never saw the scripted replies.)
+        for key in ("reward", "milestone_similarity", "minefield_similarity", "turn_count"):
+            ours_value = row["reward"] if key == "reward" else verification[key]
+            assert ours_value == theirs[index][key], (index, key, ours_value, theirs[index])
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    """Answers the preflight's GET; records any POST (a seed would be one)."""
+
+    posts: list[str] = []
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+
+    def do_POST(self) -> None:
+        self.posts.append(self.path)
+        self.send_response(500)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
 
 
 def test_terminal_bench_4_rows_are_read_and_each_episode_refused_naming_the_sandbox(
@@ -195,8 +241,17 @@ def test_terminal_bench_4_rows_are_read_and_each_episode_refused_naming_the_sand
     rows = [line for line in example.read_text().splitlines() if line.strip()]
     tasks = tmp_path / "tb4.jsonl"
     tasks.write_text(example.read_text())
-    # Nothing listens there: a request would fail with a connection error, not this.
-    frame = _collect(tmp_path, tasks, f"http://127.0.0.1:{free_port()}", serve_session, 3)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        frame = _collect(tmp_path, tasks, url, serve_session, 3)  # 3: every episode failed
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
     assert len(frame) == len(rows)
+    assert (frame["status"] == "error").all()
     for error in frame["error"]:
         assert f"{UNSUPPORTED}: a task sandbox." in error and "Docker" in error, error
+    assert _Recorder.posts == []  # refused before seeding: no sandbox was asked for
