@@ -27,10 +27,11 @@ harnesses: its function calls are one step; a reply without any is sent to ``/st
 (``aviary_agent``'s ``done_if_no_tool_calls``). The episode's reward is ``/verify``'s; the
 step rewards are kept beside it.
 
-A seed answer without ``obs`` opens nothing rayrollout can play: terminal_bench_4's is a
-Docker task sandbox (``sandbox_descriptor``, ``instruction``) that NeMo Gym's sandboxed
-agent harnesses drive by running the model's commands inside it. Such an episode ends
-``error`` naming what is missing (``seed_refusal``).
+A seed answer without ``obs`` opens nothing rayrollout can play, and its episode ends
+``error`` naming what it held (``seed_refusal``). terminal_bench_4's rows are refused before
+seeding (``opens_sandbox``): their seed provisions a Docker task sandbox
+(``sandbox_descriptor``, ``instruction``) that NeMo Gym's sandboxed agent harnesses drive by
+running the model's commands inside it, which rayrollout does not do.
 """
 
 from __future__ import annotations
