@@ -265,7 +265,8 @@ def test_another_agent_fails_saying_which_agent_plays_a_seeded_row(tmp_path, ser
     with SeededServer() as server:
         frame = collect(tmp_path, serve_session, tasks, server.url, "--agent", agent, code=3)
     (error,) = frame["error"]
-    assert "reset_step" in error, error
+    assert "reset_step" in error and "no messages" in error, error
+    assert len(frame["turns"][0]) == 0  # no empty conversation reached the model
     # The environment it seeded was released all the same.
     (calls,) = server.calls.values()
     assert calls[0] == "seed_session" and "close" in calls and "close_session" in calls
