@@ -9,9 +9,10 @@ scripted policy as its simulated user's model. Its own example rows are read by
 scripted policy through NeMo Gym's own ``toolsandbox_agent`` give the same rewards.
 
 The other two seeded datasets cannot be played here: aviary's server needs the ``fhaviary``
-package and downloads its GSM8k split from the Hugging Face hub when it starts, and
-terminal_bench_4's seeds a Docker sandbox of a task it downloads. terminal_bench_4's rows
-are read and each episode refused, naming the sandbox, before any request is sent.
+package and downloads its GSM8k split from the Hugging Face hub when it starts (so its
+protocol is checked against aviary's own pydantic models instead), and terminal_bench_4's
+seeds a Docker sandbox of a task it downloads (its rows are read and each episode refused,
+naming the sandbox, before any request is sent).
 
 ToolSandbox's own dependencies (polars, rouge-score, ...) are not NeMo Gym's: ``.ci/nemo_gym``
 installs them into its venv, or ``TOOLSANDBOX_DEPS`` names a folder that holds them.
@@ -255,3 +256,94 @@ def test_terminal_bench_4_rows_are_read_and_each_episode_refused_naming_the_sand
     for error in frame["error"]:
         assert f"{UNSUPPORTED}: a task sandbox." in error and "Docker" in error, error
     assert _Recorder.posts == []  # refused before seeding: no sandbox was asked for
+
+
+AVIARY_SEED = """
+import json, sys
+from nemo_gym.openai_utils import NeMoGymEasyInputMessage
+from resources_servers.aviary.schemas import (
+    AviaryEnvStateEasyInputMessage, AviarySeedSessionResponse, AviaryStepResponse,
+)
+seed = AviarySeedSessionResponse(
+    env_id="env-1",
+    obs=[
+        AviaryEnvStateEasyInputMessage(role="user", content="Calculator ready.\\n"),
+        NeMoGymEasyInputMessage(role="user", content="What is 2 + 3? Use the calculator."),
+    ],
+    tools=[{"type": "function", "name": "calculator", "strict": True,
+            "parameters": {"type": "object", "properties": {"expr": {"type": "string"}},
+                           "required": ["expr"], "additionalProperties": False}}],
+)
+step = AviaryStepResponse(
+    obs=[{"type": "function_call_output", "call_id": "call_a", "output": "5"}],
+    reward=1.0,
+    done=True,
+)
+print(json.dumps({"seed": seed.model_dump(mode="json"), "step": step.model_dump(mode="json")}))
+"""
+AVIARY_CHECK = """
+import json, sys
+from resources_servers.aviary.schemas import (
+    AviaryAgentVerifyRequest, AviaryCloseRequest, AviarySeedSessionRequest, AviaryStepRequest,
+)
+bodies = json.load(sys.stdin)
+AviarySeedSessionRequest.model_validate(bodies["seed_session"])
+step = AviaryStepRequest.model_validate(bodies["step"])
+AviaryCloseRequest.model_validate(bodies["close"])
+verify = AviaryAgentVerifyRequest.model_validate(bodies["verify"])
+print(json.dumps({"action": [c.name for c in step.action], "env_id": verify.response.env_id,
+                  "task_idx": verify.model_dump()["task_idx"]}))
+"""
+
+
+def test_aviary_answers_and_requests_match_nemo_gyms_own_aviary_schemas(
+    ng_src: Path, ng_python: Path
+) -> None:
+    """aviary's server cannot start here (``fhaviary``, and its GSM8k split downloaded at
+    start), so its protocol is checked against its own pydantic models: a seed and a step
+    answer NeMo Gym builds are read, and the requests rayrollout sends back validate."""
+    import asyncio
+
+    from rayrollout.data.schema import FunctionCall, Message, ToolCall
+    from rayrollout.data.tasks import parse_task_row
+    from rayrollout.environment.nemo_gym.seeded import SeededEpisode
+
+    def ng(code: str, stdin: str = "") -> dict:
+        done = subprocess.run(
+            [str(ng_python), "-c", code], input=stdin, cwd=ng_src, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout)
+
+    answers = ng(AVIARY_SEED)
+    example = ng_src / "resources_servers" / "aviary" / "data" / "example.jsonl"
+    row = json.loads(example.read_text().splitlines()[2])
+    task = parse_task_row(row, default_environment="aviary", source="aviary", line=3)
+    sent: dict[str, object] = {"seed_session": task.fields}
+
+    async def post(route: str, body: object, retry: bool) -> tuple[int, str]:
+        sent[route] = body
+        reply = {"step": answers["step"], "verify": {"reward": 1.0}}.get(route, {})
+        return 200, json.dumps(reply)
+
+    async def play() -> tuple[list[Message], float]:
+        episode = SeededEpisode(post, "aviary", task, answers["seed"])
+        opening = await episode.reset(list(task.prompt))
+        call = ToolCall(
+            id="call_a", function=FunctionCall(name="calculator", arguments='{"expr": "2+3"}')
+        )
+        action = Message(role="assistant", content=None, tool_calls=[call])
+        result = await episode.step(action)
+        messages = [*opening.messages, action, *result.observation]
+        return messages, (await episode.verify(messages)).reward
+
+    messages, reward = asyncio.run(play())
+    # The observation as NeMo Gym wrote it, its env-state message included, text untouched.
+    assert [(m.role, m.content) for m in messages[:2]] == [
+        ("user", "Calculator ready.\n"),
+        ("user", "What is 2 + 3? Use the calculator."),
+    ]
+    assert messages[-1].role == "tool" and messages[-1].content == "5"
+    assert reward == 1.0
+    checked = ng(AVIARY_CHECK, json.dumps(sent))
+    assert checked == {"action": ["calculator"], "env_id": "env-1", "task_idx": row["task_idx"]}
