@@ -252,13 +252,28 @@ def test_a_materialized_task_is_read_from_its_task_input():
 def test_an_empty_input_is_refused_naming_the_run_time_first_observation():
     row = {
         "responses_create_params": {"input": []},
-        "task_idx": 0,
-        "agent_ref": {"type": "responses_api_agents", "name": "gsm8k_aviary_agent"},
+        "instance_id": "case-7",
+        "agent_ref": {"type": "responses_api_agents", "name": "legal_agent_bench_harbor_agent"},
     }
     error = refusal(row)
     assert error.field == "responses_create_params.input"
     assert error.message.startswith(f"{UNSUPPORTED}: a first observation made at run time.")
-    assert "'gsm8k_aviary_agent'" in error.message and "/seed_session" in error.message
+    assert "'legal_agent_bench_harbor_agent'" in error.message
+    assert "/seed_session" in error.message and "'task_idx'" in error.message
+
+
+def test_an_empty_input_with_a_seed_request_is_opened_by_the_server():
+    row = {
+        "responses_create_params": {"input": []},
+        "task_idx": 0,
+        "agent_ref": {"type": "responses_api_agents", "name": "gsm8k_aviary_agent"},
+    }
+    task = parse_task_row(row, default_environment="aviary")
+    assert task.opening == "seed_session" and task.prompt == [] and task.fields == row
+    # instructions lead what the server opens with, as NeMo Gym's harnesses send them
+    row["responses_create_params"]["instructions"] = "Be brief."
+    task = parse_task_row(row, default_environment="aviary")
+    assert [(m.role, m.content) for m in task.prompt] == [("system", "Be brief.")]
 
 
 @pytest.mark.parametrize(

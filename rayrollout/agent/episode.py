@@ -130,6 +130,16 @@ class AgentEpisode:
                 raise OutOfTurns(f"the episode used its {self.limits.max_turns} model calls")
             self._policy_turns += 1
         sent = self.messages if messages is None else messages
+        if not sent:
+            # A task opened by its server (``opening: seed_session``) has no prompt until the
+            # environment's reset hands over the first observation.
+            hint = (
+                ": its first observation comes from the server's /seed_session, which the "
+                "reset_step agent puts into the conversation (--agent reset_step)"
+                if self.task.opening == "seed_session"
+                else ""
+            )
+            raise EpisodeEnd("error", f"the model was called with no messages{hint}")
         offered = self.tools if tools is None else tools
         previous = self._sequences.get(speaker)
         extends = previous is not None and _extends(previous, sent)

@@ -26,6 +26,7 @@ __all__ = [
     "Fail",
     "from_nemo_gym",
     "prompt_messages",
+    "seeded_row",
     "short",
     "unwrap",
     "usersim_refusal",
@@ -43,6 +44,10 @@ _MEDIA_PARTS = {
     "input_video": "video",
     "video_url": "video",
 }
+
+# The seed request fields of NeMo Gym servers whose /seed_session answers the first
+# observation (``seeded_row``).
+_SEED_REQUESTS = (("task_idx",), ("task_name", "task_ref", "dataset_ref"))
 
 Fail = Callable[[str | None, str], Exception]
 """Builds the error of the row being parsed (``InvalidTaskError``) from a field and a message."""
@@ -133,17 +138,15 @@ def _unsupported(feature: str, detail: str) -> str:
 def from_nemo_gym(row: dict[str, Any], fail: Fail) -> dict[str, Any]:
     """A NeMo Gym row's prompt, tools, sampling and own fields; ``fields`` is the row whole.
 
-    An empty ``input`` is refused: in every 0.7.0 dataset that has one, the first observation
-    is made while the episode runs, by NeMo Gym code rayrollout does not run: the resources
-    server's ``/seed_session`` answer (``aviary``: a live environment's observation and
-    tools; ``toolsandbox``: the system prompt, the simulated user's first turn and the tools;
-    both stepped through ``/step`` with an ``env_id``; ``terminal_bench_4``: the instruction
-    of a task sandbox), or an agent harness that writes the prompt from the row's other
+    An empty ``input`` is read only where the row carries the seed request of a server whose
+    ``/seed_session`` answers the first observation (``seeded_row``: aviary, toolsandbox,
+    terminal_bench_4): the task's ``opening`` is then ``seed_session`` and its prompt holds
+    ``instructions`` or nothing; the episode takes the observation from the server
+    (``environment.nemo_gym.seeded``). Any other empty ``input`` is refused: its first
+    observation is made by an agent harness that writes the prompt from the row's other
     fields (``gdpval``'s stirrup agent, ``scicode``'s per-sub-step prompts,
-    ``legal_agent_bench``'s Harbor agent). Each needs its own protocol or harness beside the
-    plain ``/seed_session``, tools, ``/verify`` one rayrollout speaks (whose ``/seed_session``
-    answer carries nothing), so starting the episode from an empty prompt would be another
-    task, not this one.
+    ``legal_agent_bench``'s Harbor agent), which rayrollout does not run, so starting the
+    episode from an empty prompt would be another task, not this one.
     """
     params = row["responses_create_params"]
     field = "responses_create_params.input"
@@ -169,8 +172,10 @@ def from_nemo_gym(row: dict[str, Any], fail: Fail) -> dict[str, Any]:
             f"must be a string (the system prompt), got {short(instructions)}",
         )
     items = params["input"]
+    seeded = False
     if isinstance(items, list) and not items:
-        if not instructions:
+        seeded = seeded_row(row)
+        if not instructions and not seeded:
             raise fail(field, _first_observation_refusal(row))
         prompt: list[Message] = []
     else:
@@ -179,6 +184,8 @@ def from_nemo_gym(row: dict[str, Any], fail: Fail) -> dict[str, Any]:
         "prompt": _with_instructions(instructions, prompt),
         "fields": dict(row),
     }
+    if seeded:
+        data["opening"] = "seed_session"
     task_id = row.get("task_id")
     if task_id is not None:
         data["task_id"] = task_id
@@ -199,6 +206,17 @@ def from_nemo_gym(row: dict[str, Any], fail: Fail) -> dict[str, Any]:
     return data
 
 
+def seeded_row(row: dict[str, Any]) -> bool:
+    """Whether a row with an empty ``input`` is opened by its server's ``/seed_session``.
+
+    Such a row carries the seed request of a server that answers with the first
+    observation: ``task_idx`` (aviary and toolsandbox: the index of the environment or
+    scenario to start), or ``task_name``, ``task_ref`` and ``dataset_ref`` (terminal_bench_4:
+    the pinned task whose sandbox the seed prepares).
+    """
+    return any(all(key in row for key in keys) for keys in _SEED_REQUESTS)
+
+
 def _first_observation_refusal(row: dict[str, Any]) -> str:
     """The refusal of an empty ``input``, naming the row's agent when it names one."""
     agent_ref = row.get("agent_ref")
@@ -207,10 +225,12 @@ def _first_observation_refusal(row: dict[str, Any]) -> str:
     return _unsupported(
         "a first observation made at run time",
         "'input' is empty, so NeMo Gym makes the episode's opening messages while it runs"
-        f"{by}: from the resources server's /seed_session answer, an agent harness that "
-        "writes the prompt from the row's other fields, or a simulated user. rayrollout "
-        "starts an episode from the prompt stored in the row: put the opening messages in "
-        "responses_create_params.input to run it here",
+        f"{by}: with an agent harness that writes the prompt from the row's other fields, a "
+        "simulated user, or a /seed_session answer to a seed request rayrollout does not know "
+        "(it reads aviary's and toolsandbox's 'task_idx', terminal_bench_4's 'task_name', "
+        "'task_ref' and 'dataset_ref'). rayrollout starts such an episode from the prompt "
+        "stored in the row: put the opening messages in responses_create_params.input to run "
+        "it here",
     )
 
 

@@ -298,7 +298,13 @@ class Task(_Model):
         max_length=MAX_ID_LENGTH,
         description="Registered environment name, e.g. 'weather'. No control characters.",
     )
-    prompt: list[Message] = Field(min_length=1, description="Opening messages of the episode.")
+    opening: Literal["prompt", "seed_session"] = Field(
+        default="prompt",
+        description="Where the episode's first observation comes from: the prompt, or the "
+        "NeMo Gym resources server's /seed_session answer (a NeMo Gym row with an empty "
+        "'input' and the server's seed fields; the prompt may then be empty).",
+    )
+    prompt: list[Message] = Field(description="Opening messages of the episode.")
     tools: list[dict[str, Any]] | None = Field(
         default=None,
         description="Chat Completions function tool schemas overriding the environment's own.",
@@ -329,9 +335,12 @@ class Task(_Model):
 
     @field_validator("prompt")
     @classmethod
-    def _prompt_has_text(cls, prompt: list[Message]) -> list[Message]:
+    def _prompt_has_text(cls, prompt: list[Message], info: ValidationInfo) -> list[Message]:
         # A system prompt alone is a prompt: NeMo Gym tasks whose first user turn comes from
-        # the environment (a Gymnasium /reset, a simulated customer) open with it only.
+        # the environment (a Gymnasium /reset, a simulated customer) open with it only. A
+        # seeded task's opening is the server's, so its prompt may hold nothing.
+        if info.data.get("opening") == "seed_session":
+            return prompt
         if not any(
             m.role in ("system", "user") and ((m.content or "").strip() or m.images) for m in prompt
         ):

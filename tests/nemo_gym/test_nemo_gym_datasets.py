@@ -30,12 +30,8 @@ AUDIO = "audio input"
 
 # Every dataset of 0.7.0 that is refused, and the one reason all its rows are refused for.
 REFUSED = {
-    # The resources server's /seed_session answers with the observation (and tools) of a
-    # live environment, stepped through /step.
-    "aviary": RUN_TIME_FIRST_OBSERVATION,
-    "toolsandbox": RUN_TIME_FIRST_OBSERVATION,
-    # /seed_session answers with the instruction of a task sandbox.
-    "terminal_bench_4": RUN_TIME_FIRST_OBSERVATION,
+    # aviary, toolsandbox and terminal_bench_4 are read: their /seed_session answers the
+    # first observation (test_nemo_gym_seeded.py).
     # An agent harness writes the prompt from the row's other fields.
     "gdpval": RUN_TIME_FIRST_OBSERVATION,
     "scicode": RUN_TIME_FIRST_OBSERVATION,

@@ -16,6 +16,9 @@ both directions:
   episodes. A server that answers ``/seed_session`` with 404 is taken for one of NeMo Gym's
   Gymnasium-style servers (``/reset``, ``/step``): the session then plays it by reset and
   step (``gymnasium.GymnasiumEpisode``, handed to the ``reset_step`` agent as ``env``).
+  A task whose ``opening`` is ``seed_session`` (a NeMo Gym row with an empty ``input`` and
+  its server's seed request: aviary, toolsandbox) takes its first observation from the
+  seed answer and is played by ``/step`` the same way (``seeded.SeededEpisode``).
 * The conversions between chat messages and Responses-API items live in
   ``rayrollout.data.responses`` (task reading and export use them too); they are
   re-exported here for the routes that answer the same protocol for our environments.
@@ -45,6 +48,13 @@ from rayrollout.data.responses import (
 from rayrollout.data.schema import Task
 from rayrollout.environment import Environment, Episode, ToolResult, Verification
 from rayrollout.environment.nemo_gym.gymnasium import GymnasiumEpisode
+from rayrollout.environment.nemo_gym.seeded import (
+    SeededEpisode,
+    opens_sandbox,
+    sandbox_refusal,
+    seed_refusal,
+)
+from rayrollout.environment.reset_step import ResetStepError
 from rayrollout.environment.tool_args import ToolCallRejected, parse_arguments, unknown_tool
 from rayrollout.errors import EnvironmentBoundaryError
 
@@ -165,9 +175,10 @@ class RemoteSession:
         # EnvSession's flag for a replica that died under the episode: a server's failures
         # are retried here and then end the episode, so it is never lost in that sense.
         self.lost = False
-        # Set by ``setup`` when the server is Gymnasium-style (no /seed_session): the
-        # reset/step side the ``reset_step`` agent plays (``reset_step_session`` finds it).
-        self.env: GymnasiumEpisode | None = None
+        # Set by ``setup`` when the server is Gymnasium-style (no /seed_session), or opened
+        # the episode with its first observation (the task's ``opening``): the reset/step
+        # side the ``reset_step`` agent plays (``reset_step_session`` finds it).
+        self.env: GymnasiumEpisode | SeededEpisode | None = None
 
     def _client(self) -> aiohttp.ClientSession:
         if self.http is None:
@@ -222,11 +233,26 @@ class RemoteSession:
         )
 
     async def setup(self) -> None:
+        where = f"NeMo Gym server '{self.name}' at {self.base_url}"
+        seeded = self.task.opening == "seed_session"
+        if seeded and opens_sandbox(self.task):
+            raise NemoGymError(sandbox_refusal(where))
         status, text = await self._post("seed_session", seed_body(self.task))
+        if seeded:
+            if status >= 400:
+                raise self._fail("seed_session", status, text)
+            self.seeded = True
+            answer = _json_object(text)
+            if answer is None or "obs" not in answer:
+                raise NemoGymError(seed_refusal(where, answer or {}))
+            try:
+                self.env = SeededEpisode(self._post, where, self.task, answer)
+            except ResetStepError as exc:
+                raise NemoGymError(str(exc)) from None
+            return
         if status == 404:
             # No /seed_session: a Gymnasium-style server (/reset, /step), played by the
             # reset_step agent; its reset says so if the server has no /reset either.
-            where = f"NeMo Gym server '{self.name}' at {self.base_url}"
             setting = f"environments.{self.name}.url"
             self.env = GymnasiumEpisode(self._post, where, self.task, setting)
             return
@@ -235,6 +261,13 @@ class RemoteSession:
         self.seeded = True
 
     async def call_tool(self, name: str, arguments: str) -> ToolResult:
+        if isinstance(self.env, SeededEpisode):
+            raise NemoGymError(
+                f"NeMo Gym server '{self.name}' at {self.base_url} opened this episode in "
+                f"/seed_session (env_id {self.env.env_id}): its actions go through /step, not "
+                f"tool routes (tool '{name}'); play it with the reset_step agent (--agent "
+                "reset_step, or the row's 'agent')"
+            )
         if self.env is not None:
             raise NemoGymError(
                 f"NeMo Gym server '{self.name}' at {self.base_url} is a Gymnasium-style server: "
@@ -259,6 +292,11 @@ class RemoteSession:
         return ToolResult(content=content)
 
     async def verify(self, episode: Episode) -> Verification:
+        if isinstance(self.env, SeededEpisode):  # /close, then /verify by env_id
+            try:
+                return await self.env.verify(episode.messages)
+            except ResetStepError as exc:
+                raise NemoGymError(str(exc)) from None
         if self.env is not None:  # Gymnasium-style: /verify raises there; the steps scored it
             return self.env.verification()
         # The whole task row, as NeMo Gym's own agents send it: verifiers read their own
@@ -306,7 +344,9 @@ class RemoteSession:
         if self.http is None:
             return
         try:
-            if self.env is not None:
+            if isinstance(self.env, SeededEpisode):
+                await self.env.release()  # a failed episode's environment too
+            elif self.env is not None:
                 await self.env.close()
                 return
             if not self.seeded:  # no session was opened, so there is none to close
@@ -318,6 +358,15 @@ class RemoteSession:
         finally:
             await self.http.close()
             self.http = None
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    """A JSON object's body, or None where it is not one."""
+    try:
+        answer = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    return answer if isinstance(answer, dict) else None
 
 
 def rollout_id(episode_id: str) -> str:
