@@ -22,6 +22,7 @@ from typing import Any, TextIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rayrollout.data.export.base import ExportError
 from rayrollout.data.images import decode_data_url
 
 __all__ = ["SCHEMAS", "LateImages", "with_images", "write_rows", "write_routed"]
@@ -83,7 +84,7 @@ _IMAGES = pa.list_(pa.struct([("bytes", pa.binary()), ("path", _TEXT)]))
 _IMAGES_FEATURES = {"images": {"feature": {"_type": "Image"}, "_type": "List"}}
 
 
-class LateImages(Exception):  # noqa: N818 (a signal to the caller, not an error)
+class LateImages(ExportError):  # noqa: N818 (a signal ``export_run`` handles, not a fault)
     """A row with images came after rows were written without the ``images`` column."""
 
 
@@ -161,7 +162,7 @@ def _write_batch(
             schema = with_images(schema)
         writer = pq.ParquetWriter(path, schema, compression="zstd")
     elif shows and "images" not in writer.schema.names:
-        raise LateImages
+        raise LateImages("a row shows images after rows written without an 'images' column")
     schema = writer.schema
     if "images" in schema.names:
         for row in batch:
