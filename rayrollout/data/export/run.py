@@ -11,7 +11,13 @@ from rayrollout.data.export import sources
 from rayrollout.data.export.base import KINDS, ExportError, ExportSummary
 from rayrollout.data.export.nemo_gym import nemo_gym_files
 from rayrollout.data.export.reading import open_folder
-from rayrollout.data.export.writing import SCHEMAS, write_routed, write_rows
+from rayrollout.data.export.writing import (
+    SCHEMAS,
+    LateImages,
+    with_images,
+    write_routed,
+    write_rows,
+)
 
 __all__ = ["SUFFIXES", "export_run"]
 
@@ -81,10 +87,16 @@ def export_run(
                 "sft": lambda: sources.sft_rows(folder, counts, min_reward),
                 "dpo": lambda: sources.dpo_rows(folder, counts, min_gap),
                 "verl": lambda: sources.verl_rows(folder, counts),
-            }[kind]()
-            counts.rows_written = write_rows(
-                rows, temporaries["main"], out.suffix, SCHEMAS.get(kind)
-            )
+            }[kind]
+            schema = SCHEMAS.get(kind)
+            try:
+                counts.rows_written = write_rows(rows(), temporaries["main"], out.suffix, schema)
+            except LateImages:  # images only after the first batch: again, with the column
+                assert schema is not None
+                counts = ExportSummary(kind=kind, out=out)
+                counts.rows_written = write_rows(
+                    rows(), temporaries["main"], out.suffix, with_images(schema)
+                )
         if counts.rows_written == 0:
             raise ExportError(_nothing_to_export(kind, Path(source), counts, min_reward, min_gap))
         # OUT last: where it exists, the files beside it are whole too.

@@ -11,6 +11,9 @@ and text keeps Arrow from merging unrelated schemas into one struct full of null
 Parquet, message lists are Arrow's canonical JSON extension type, which ``datasets``
 (>= 4.7) reads as ``List(Json)``, like the same rows in JSONL: each message keeps exactly
 its own keys (``writing``).
+
+A row whose episode shows images takes TRL's vision form (``trl_vision``): placeholders in
+the messages and an ``images`` column of the images in their order; text rows are as above.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 from rayrollout.data.convert import json_or_text
 from rayrollout.data.export.base import ExportError
+from rayrollout.data.export.trl_vision import has_images, vision_messages
 from rayrollout.data.schema import Message, Trajectory
 
 __all__ = ["chat_message", "dpo_row", "sft_row", "split_prompt", "tools_text"]
@@ -59,13 +63,19 @@ def chat_message(message: Message) -> dict[str, Any]:
 
 def sft_row(trajectory: Trajectory) -> dict[str, Any]:
     """One TRL conversational language-modeling row: the whole episode as ``messages``."""
-    return {
-        "messages": [chat_message(m) for m in trajectory.messages],
+    messages = [chat_message(m) for m in trajectory.messages]
+    row: dict[str, Any] = {
+        "messages": messages,
         "tools": tools_text(trajectory.tools),
         "task_id": trajectory.task_id,
         "sample_index": trajectory.sample_index,
         "reward": trajectory.reward,
     }
+    if has_images(trajectory):
+        row["messages"], row["images"] = vision_messages(
+            trajectory, trajectory.messages, messages, "messages"
+        )
+    return row
 
 
 def dpo_row(chosen: Trajectory, rejected: Trajectory) -> dict[str, Any]:
@@ -76,7 +86,7 @@ def dpo_row(chosen: Trajectory, rejected: Trajectory) -> dict[str, Any]:
     """
     prompt, chosen_part = split_prompt(chosen)
     _, rejected_part = split_prompt(rejected)
-    return {
+    row: dict[str, Any] = {
         "prompt": [chat_message(m) for m in prompt],
         "chosen": [chat_message(m) for m in chosen_part],
         "rejected": [chat_message(m) for m in rejected_part],
@@ -87,6 +97,15 @@ def dpo_row(chosen: Trajectory, rejected: Trajectory) -> dict[str, Any]:
         "chosen_reward": chosen.reward,
         "rejected_reward": rejected.reward,
     }
+    if has_images(chosen) or has_images(rejected):
+        # TRL fills only the prompt's placeholders; an image after it is refused by name.
+        row["prompt"], row["images"] = vision_messages(chosen, prompt, row["prompt"], "prompt")
+        for side, episode, part in (
+            ("chosen", chosen, chosen_part),
+            ("rejected", rejected, rejected_part),
+        ):
+            row[side], _ = vision_messages(episode, part, row[side], side, images_allowed=False)
+    return row
 
 
 def tools_text(tools: list[dict[str, Any]]) -> str | None:

@@ -1,6 +1,14 @@
 """Writing an export: JSONL lines, or Parquet row groups with a fixed schema per kind (a
 schema inferred per batch could change between batches, e.g. 'tools' all null in one).
 
+An ``sft`` or ``dpo`` export whose rows show images gets one more column, ``images``: each
+row's images as ``datasets`` ``Image`` values (``{bytes, path}``), which the file's
+``huggingface`` metadata names, so ``datasets`` decodes them to Pillow images as TRL's vision
+collators take them. A text-only export has no such column (TRL treats any ``images``
+column as vision data). Whether a file needs it is known from its first rows: the writer
+opens the file at its first batch; a row with images arriving after rows were written
+without the column raises ``LateImages``, and the caller writes the export again with it.
+
 The caller writes to temporary files and renames them into place (``run.export_run``).
 """
 
@@ -14,7 +22,10 @@ from typing import Any, TextIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-__all__ = ["SCHEMAS", "write_rows", "write_routed"]
+from rayrollout.data.export.base import ExportError
+from rayrollout.data.images import decode_data_url
+
+__all__ = ["SCHEMAS", "LateImages", "with_images", "write_rows", "write_routed"]
 
 _BATCH = 256
 
@@ -68,6 +79,21 @@ SCHEMAS: dict[str, pa.Schema] = {
 }
 
 
+_IMAGES = pa.list_(pa.struct([("bytes", pa.binary()), ("path", _TEXT)]))
+# What datasets writes for a List(Image()) column; the other columns' types it reads from Arrow.
+_IMAGES_FEATURES = {"images": {"feature": {"_type": "Image"}, "_type": "List"}}
+
+
+class LateImages(ExportError):  # noqa: N818 (a signal ``export_run`` handles, not a fault)
+    """A row with images came after rows were written without the ``images`` column."""
+
+
+def with_images(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with the ``images`` column and the metadata that makes it images."""
+    metadata = {b"huggingface": json.dumps({"info": {"features": _IMAGES_FEATURES}}).encode()}
+    return schema.append(pa.field("images", _IMAGES)).with_metadata(metadata)
+
+
 def write_routed(
     rows: Iterator[tuple[str, dict[str, Any]]], paths: dict[str, Path]
 ) -> dict[str, int]:
@@ -93,7 +119,11 @@ def write_routed(
 def write_rows(
     rows: Iterator[dict[str, Any]], path: Path, suffix: str, schema: pa.Schema | None
 ) -> int:
-    """Write rows to ``path`` as ``suffix`` says; return how many."""
+    """Write rows to ``path`` as ``suffix`` says; return how many.
+
+    Parquet: ``schema`` gains the ``images`` column when the first batch shows images (or
+    has it already); raises ``LateImages`` when a later batch shows images and it has not.
+    """
     written = 0
     if suffix == ".jsonl" or schema is None:
         with path.open("w", encoding="utf-8") as file:
@@ -103,19 +133,44 @@ def write_rows(
         return written
     # Message lists are built as lists of JSON text, then cast to the JSON extension type.
     text_lists = [f.name for f in schema if f.type == _MESSAGES]
-    storage = pa.schema(
-        [f.with_type(pa.list_(_TEXT)) if f.name in text_lists else f for f in schema]
-    )
     batch: list[dict[str, Any]] = []
-    with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+    writer: pq.ParquetWriter | None = None
+    try:
         for row in rows:
             for name in text_lists:
                 row[name] = [json.dumps(m, ensure_ascii=False) for m in row[name]]
             batch.append(row)
             if len(batch) >= _BATCH:
-                writer.write_table(pa.Table.from_pylist(batch, schema=storage).cast(schema))
+                writer = _write_batch(writer, path, schema, batch)
                 written, batch = written + len(batch), []
-        if batch:
-            writer.write_table(pa.Table.from_pylist(batch, schema=storage).cast(schema))
+        if batch or writer is None:
+            writer = _write_batch(writer, path, schema, batch)
             written += len(batch)
+    finally:
+        if writer is not None:
+            writer.close()
     return written
+
+
+def _write_batch(
+    writer: pq.ParquetWriter | None, path: Path, schema: pa.Schema, batch: list[dict[str, Any]]
+) -> pq.ParquetWriter:
+    """Write ``batch``, opening the file first if ``writer`` is None; return the writer."""
+    shows = any("images" in row for row in batch)
+    if writer is None:
+        if shows and "images" not in schema.names:
+            schema = with_images(schema)
+        writer = pq.ParquetWriter(path, schema, compression="zstd")
+    elif shows and "images" not in writer.schema.names:
+        raise LateImages("a row shows images after rows written without an 'images' column")
+    schema = writer.schema
+    if "images" in schema.names:
+        for row in batch:
+            row["images"] = [
+                {"bytes": decode_data_url(url)[1], "path": None} for url in row.get("images", [])
+            ]
+    storage = pa.schema(
+        [f.with_type(pa.list_(_TEXT)) if f.type == _MESSAGES else f for f in schema]
+    )
+    writer.write_table(pa.Table.from_pylist(batch, schema=storage).cast(schema))
+    return writer
