@@ -221,3 +221,65 @@ def test_the_same_text_gets_other_logprobs_with_another_image_and_the_same_with_
     assert red["prompt_token_ids"] == again["prompt_token_ids"] == blue["prompt_token_ids"]
     assert first_logprobs(red) == first_logprobs(again)
     assert first_logprobs(red) != first_logprobs(blue)
+
+
+def generate(policy: VllmPolicy, token_ids: list[int], images: list[Any], **headers: str) -> Any:
+    """One call of vLLM's token-in route through the app's ingress (``token_route``)."""
+    body = {
+        "model": policy.model,
+        "token_ids": token_ids,
+        "content_parts": [{"type": "image_url", "url": data_url(image)} for image in images],
+        "sampling_params": {"max_tokens": 6, "temperature": 1.0, "seed": 0, "logprobs": 0},
+        "return_token_ids": True,
+    }
+    url = policy.base_url.removesuffix("/v1") + "/inference/v1/generate"
+    return httpx.post(url, json=body, headers=headers, timeout=120)
+
+
+def test_token_ids_with_images_extend_across_turns_through_the_token_route(
+    vlm_policy: VllmPolicy,
+):
+    from rayrollout.deployments.vllm.tiny_vlm import image_token_count
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(vlm_policy.model_path)
+    auth = {"Authorization": f"Bearer {vlm_policy.token}"}
+    wide, tall = picture(WIDE, "red"), picture(TALL, "blue")
+    messages = [{"role": "user", "content": [image_part(wide), {"type": "text", "text": "Count"}]}]
+    sent_1 = list(
+        tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+    )
+    assert generate(vlm_policy, sent_1, [wide]).status_code == 401  # the run's bearer only
+
+    first = generate(vlm_policy, sent_1, [wide], **auth)
+    assert first.status_code == 200, first.text
+    turn_1 = first.json()
+    prompt_1 = turn_1["prompt_token_ids"]
+    completion_1 = turn_1["choices"][0]["token_ids"]
+    assert len(turn_1["choices"][0]["logprobs"]["content"]) == len(completion_1) > 0
+    # The same expansion as the processor's (and Chat Completions').
+    assert prompt_1 == processor_ids(vlm_policy.model_path, messages, [wide])
+
+    # The next turn: the kept ids as sent (one <image> per image) + the completion + a tool
+    # result with an image, and every image of the episode in order.
+    delta = tokenizer.encode(
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\n<image>zoomed\n</tool_response>"
+        "<|im_end|>\n<|im_start|>assistant\n"
+    )
+    sent_2 = sent_1 + completion_1 + delta
+    second = generate(vlm_policy, sent_2, [wide, tall], **auth)
+    assert second.status_code == 200, second.text
+    turn_2 = second.json()
+    prompt_2 = turn_2["prompt_token_ids"]
+    # One token sequence across turns, image placeholders included.
+    assert prompt_2[: len(prompt_1) + len(completion_1)] == prompt_1 + completion_1
+    collapsed, spans = collapse_images(tokenizer, prompt_2)
+    assert collapsed == sent_2
+    assert spans == [image_token_count(*WIDE), image_token_count(*TALL)]
+    placed = turn_2["mm_placeholders"]["image"]
+    assert [p["length"] for p in placed] == spans
+    assert [prompt_2[p["offset"]] for p in placed] == tokenizer.convert_tokens_to_ids(
+        ["<fake_token_around_image>"] * 2
+    )
