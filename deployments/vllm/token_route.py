@@ -9,7 +9,10 @@ placeholders are (``mm_placeholders``). vLLM builds that server (``ServingTokens
 replica, but Ray Serve LLM's ingress has no route to it. This module adds the route to the
 ingress (``TokenIngressMixin``) and a method to the model's server (``TokenServer``) that hands
 the request to the replica's ``ServingTokens``. The request and answer bodies are vLLM's own
-(``GenerateRequest``, ``GenerateResponse``); streaming is not offered here.
+(``GenerateRequest``, ``GenerateResponse``); streaming is not offered here. One check is added:
+for a vision-language model, the image placeholder tokens in ``token_ids`` must be as many as
+the images (vLLM expands every one it finds and checks no count, so an already expanded
+prompt would silently be expanded again).
 
 It imports ``ray.llm`` and vLLM at module level: import it only where vLLM is installed
 (``ingress.gated_openai_app`` does, inside its builder).
@@ -55,6 +58,10 @@ class TokenServer(LLMServer):  # type: ignore[misc]
         except ValidationError as exc:
             yield _error(400, f"invalid {GENERATE_PATH} request: {exc}")
             return
+        problem = self._placeholder_problem(request)
+        if problem:
+            yield _error(400, problem)
+            return
         serving = getattr(self.engine._app_state, "serving_tokens", None)
         if serving is None:
             yield _error(501, f"this vLLM engine has no token server for {GENERATE_PATH}")
@@ -62,6 +69,29 @@ class TokenServer(LLMServer):  # type: ignore[misc]
         answer = await serving.serve_tokens(request)
         error = getattr(answer, "error", None)
         yield (error.code if error is not None else 200), answer.model_dump()
+
+    def _placeholder_problem(self, request: Any) -> str | None:
+        """Why ``request``'s image placeholders do not match its images, or None. vLLM
+        expands every image token it finds and does not check the count: an already expanded
+        prompt would be expanded again, and a placeholder without an image read as text."""
+        if request.features is not None:  # rendered by vLLM's /render: already expanded
+            return None
+        hf_config = self.engine._engine_client.model_config.hf_config
+        token = getattr(hf_config, "image_token_id", None)
+        if token is None:
+            token = getattr(hf_config, "image_token_index", None)
+        if not isinstance(token, int):  # a text model
+            return None
+        placeholders = request.token_ids.count(token)
+        parts = request.content_parts or []
+        images = sum(1 for part in parts if part.get("type") == "image_url")
+        if placeholders == images:
+            return None
+        return (
+            f"token_ids hold {placeholders} image placeholder tokens (id {token}) but "
+            f"content_parts {images} images: send one placeholder per image, not expanded, "
+            "and every image of the conversation, in order"
+        )
 
 
 class TokenIngressMixin:

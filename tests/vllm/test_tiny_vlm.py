@@ -252,6 +252,8 @@ def test_token_ids_with_images_extend_across_turns_through_the_token_route(
         )
     )
     assert generate(vlm_policy, sent_1, [wide]).status_code == 401  # the run's bearer only
+    missing = generate(vlm_policy, sent_1, [], **auth)
+    assert missing.status_code == 400 and "1 image placeholder tokens" in missing.text
 
     first = generate(vlm_policy, sent_1, [wide], **auth)
     assert first.status_code == 200, first.text
@@ -261,6 +263,11 @@ def test_token_ids_with_images_extend_across_turns_through_the_token_route(
     assert len(turn_1["choices"][0]["logprobs"]["content"]) == len(completion_1) > 0
     # The same expansion as the processor's (and Chat Completions').
     assert prompt_1 == processor_ids(vlm_policy.model_path, messages, [wide])
+    # Expanded ids sent back would be expanded again: refused, with the count.
+    expanded = generate(vlm_policy, prompt_1, [wide], **auth)
+    assert expanded.status_code == 400, expanded.text
+    image_token = tokenizer.convert_tokens_to_ids("<image>")
+    assert f"{prompt_1.count(image_token)} image placeholder tokens" in expanded.text
 
     # The next turn: the kept ids as sent (one <image> per image) + the completion + a tool
     # result with an image, and every image of the episode in order.
