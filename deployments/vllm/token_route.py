@@ -41,7 +41,7 @@ def _error(status: int, message: str) -> tuple[int, dict[str, Any]]:
     return status, {"error": {"message": message, "type": "BadRequestError", "code": status}}
 
 
-class TokenServer(LLMServer):  # type: ignore[misc]
+class TokenServer(LLMServer):
     """Ray Serve LLM's model server with vLLM's token server reachable by a handle call."""
 
     async def generate_tokens(self, body: dict[str, Any]) -> AsyncIterator[tuple[int, dict]]:
@@ -62,7 +62,8 @@ class TokenServer(LLMServer):  # type: ignore[misc]
         if problem:
             yield _error(400, problem)
             return
-        serving = getattr(self.engine._app_state, "serving_tokens", None)
+        engine: Any = self.engine  # Ray's VLLMEngine: vLLM's app state and engine client
+        serving = getattr(engine._app_state, "serving_tokens", None)
         if serving is None:
             yield _error(501, f"this vLLM engine has no token server for {GENERATE_PATH}")
             return
@@ -76,7 +77,8 @@ class TokenServer(LLMServer):  # type: ignore[misc]
         prompt would be expanded again, and a placeholder without an image read as text."""
         if request.features is not None:  # rendered by vLLM's /render: already expanded
             return None
-        hf_config = self.engine._engine_client.model_config.hf_config
+        engine: Any = self.engine
+        hf_config = engine._engine_client.model_config.hf_config
         token = getattr(hf_config, "image_token_id", None)
         if token is None:
             token = getattr(hf_config, "image_token_index", None)
@@ -106,7 +108,7 @@ class TokenIngressMixin:
         model = body.get("model") or next(iter(self._model_cards))  # type: ignore[attr-defined]
         model_id = await self._get_model_id(model)  # type: ignore[attr-defined]
         handle = self._get_configured_serve_handle(model_id)  # type: ignore[attr-defined]
-        session_id = session_id_from_headers(request.headers)
+        session_id = session_id_from_headers(dict(request.headers))
         if session_id:
             handle = handle.options(session_id=session_id)
         async for status, answer in handle.generate_tokens.remote(body):
