@@ -7,6 +7,8 @@ pause the model and run methods in its workers, so they must not answer anyone w
 the port. This builds the same ingress deployment the builders do (same class, routes,
 options and bound arguments) on an app that first passes ``rayrollout.auth``'s
 ``BearerTokenGate``; the ingress replica installs the run's ``RouteAuth`` when it starts.
+One route more than Ray's: vLLM's token-in ``/inference/v1/generate`` (token ids with
+images), served through ``token_route``'s model server, under the same check.
 
 Imports of ``ray.llm`` stay inside the function: they need vLLM, which the default install
 does not have.
@@ -42,11 +44,16 @@ def gated_openai_app(
         make_fastapi_ingress,
     )
     from ray.llm._internal.serve.core.server.builder import build_llm_deployment
+    from rayrollout.deployments.vllm.token_route import (
+        TOKEN_ENDPOINTS,
+        TokenIngressMixin,
+        TokenServer,
+    )
 
     base: type = DevIngress if control_endpoints else OpenAiIngress
-    endpoints = DEV_ENDPOINTS if control_endpoints else DEFAULT_ENDPOINTS
+    endpoints = {**(DEV_ENDPOINTS if control_endpoints else DEFAULT_ENDPOINTS), **TOKEN_ENDPOINTS}
 
-    class GatedIngress(base):  # type: ignore[misc,valid-type]
+    class GatedIngress(TokenIngressMixin, base):  # type: ignore[misc,valid-type]
         """The ingress, installing the run's route check before it serves."""
 
         def __init__(self, *args: Any, route_auth: RouteAuth, **kwargs: Any) -> None:
@@ -61,7 +68,13 @@ def gated_openai_app(
         base.get_deployment_options(llm_configs), ingress_deployment_config
     )
     return serve.deployment(ingress_cls, **options).bind(
-        llm_deployments={c.model_id: build_llm_deployment(c) for c in llm_configs},
+        # Named as Ray names LLMServer's deployments ("LLMServer:<model>").
+        llm_deployments={
+            c.model_id: build_llm_deployment(
+                c, deployment_cls=TokenServer, name_prefix="LLMServer:"
+            )
+            for c in llm_configs
+        },
         model_cards={c.model_id: to_model_metadata(c.model_id, c) for c in llm_configs},
         lora_paths={
             c.model_id: c.lora_config.dynamic_lora_loading_path

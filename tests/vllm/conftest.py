@@ -12,8 +12,10 @@ model once:
   it, and load the original weights back when they are done.
 - SmolLM2 (test_real_model.py, module-scoped): deleted at that module's end, before the
   tiny app deploys, so the two never share the machine's memory.
+- The tiny vision-language model (test_tiny_vlm.py, module-scoped, 1 replica): likewise.
 
-Order: the tests that use ``tiny_vllm`` run after the tier's others (SmolLM2's among them),
+Order: the tests that use ``tiny_vllm`` run after the tier's others (SmolLM2's and the tiny
+VLM's among them),
 and a test marked ``kills_a_replica`` after every other test: the app it leaves has one
 replica restarting.
 """
