@@ -117,8 +117,8 @@ def test_an_environment_that_breaks_ends_its_episode_naming_it(tally_run):
     assert boom.error == "tally environment 'tally' failed in step 2: ValueError: the tally broke"
     assert [t.step_reward for t in boom.turns] == [1.0, None]  # the turn before the fault kept
     assert nan.status == "error"
-    assert nan.error.startswith("tally environment 'tally' failed in step 1: its answer's")
-    assert "'reward' is not usable: Input should be a finite number" in nan.error
+    assert nan.error.startswith("tally environment 'tally' failed in step 1: its answer has")
+    assert "unusable 'reward': Input should be a finite number" in nan.error
 
 
 def test_another_agent_on_a_reset_step_environment_is_told_to_use_reset_step(tally_run):

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rayrollout.data.schema import Message
 from rayrollout.data.tasks import InvalidTaskError, parse_task_row
+from rayrollout.data.validation import first_problem
 from rayrollout.environment import Environment, Episode
 
 if TYPE_CHECKING:
@@ -114,9 +115,8 @@ def read_cases(path: Path) -> list[tuple[int, VerifierCase]]:
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path.name} line {line_no}: malformed JSON: {exc.msg}") from None
         except ValidationError as exc:
-            first = exc.errors()[0]
-            field = ".".join(map(str, first["loc"]))
-            message = f"{path.name} line {line_no}, field '{field}': {first['msg']}"
+            field, problem, _ = first_problem(exc)
+            message = f"{path.name} line {line_no}, field '{field}': {problem}"
             raise ValueError(message) from None
     return cases
 

@@ -37,6 +37,7 @@ from rayrollout.client.models import (
 )
 from rayrollout.data.config import RunConfig
 from rayrollout.data.schema import Task
+from rayrollout.data.validation import first_problem
 from rayrollout.engine.episode import EpisodeSpec
 
 __all__ = ["HttpError", "RolloutService", "engine_error", "limits_of"]
@@ -60,9 +61,8 @@ def limits_of(config: RunConfig) -> Limits:
 
 def _invalid(exc: ValidationError, prefix: str = "") -> HttpError:
     """A request model's validation error as a 400 naming the field."""
-    first = exc.errors()[0]
-    field = prefix + ".".join(str(p) for p in first["loc"])
-    return HttpError(400, f"field '{field}': {first['msg']}", field=field)
+    field, problem, _ = first_problem(exc)
+    return HttpError(400, f"field '{prefix + field}': {problem}", field=prefix + field)
 
 
 class RolloutService:

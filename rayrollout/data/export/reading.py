@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from rayrollout.data.export.base import ExportError, ExportSummary
 from rayrollout.data.run_folder import PartError, RunFolder
 from rayrollout.data.schema import Trajectory
+from rayrollout.data.validation import first_problem
 
 __all__ = ["Group", "groups", "number", "open_folder", "part_files", "rows", "trajectory"]
 
@@ -66,9 +67,8 @@ def trajectory(where: str, row: dict[str, Any]) -> Trajectory:
     try:
         return Trajectory.from_row(row)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        name = ".".join(str(p) for p in first["loc"]) or "?"
-        raise ExportError(f"{where}, field '{name}': {first['msg']}") from None
+        name, problem, _ = first_problem(exc)
+        raise ExportError(f"{where}, field '{name or '?'}': {problem}") from None
     except ValueError as exc:  # a JSON column whose text is not JSON
         raise ExportError(f"{where}: a JSON column is not valid JSON ({exc})") from None
 

@@ -33,6 +33,7 @@ from pydantic import ValidationError
 
 from rayrollout.data.responses import episode_response, seed_body
 from rayrollout.data.schema import Message, Task
+from rayrollout.data.validation import problem_text
 from rayrollout.environment.contract import Verification
 from rayrollout.environment.reset_step.protocol import (
     Opening,
@@ -132,11 +133,9 @@ class GymnasiumEpisode:
                 info=answer.get("info") or {},
             )
         except ValidationError as exc:
-            problem = exc.errors()[0]
-            field = ".".join(str(p) for p in problem["loc"])
             raise ResetStepError(
-                f"{self.where} answered step {len(self.rewards) + 1} with an unusable '{field}': "
-                f"{problem['msg']} (got {problem.get('input')!r:.200})"
+                f"{self.where} answered step {len(self.rewards) + 1} with an unusable "
+                f"{problem_text(exc)}"
             ) from None
         self.rewards.append(result.reward)
         self.last = result

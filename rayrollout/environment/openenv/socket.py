@@ -27,6 +27,7 @@ import aiohttp
 import orjson
 from pydantic import ValidationError
 
+from rayrollout.data.validation import problem_text
 from rayrollout.environment.openenv.channel import ActionRejected, OpenEnvError, Payload
 
 __all__ = ["SocketChannel", "socket_url"]
@@ -126,11 +127,8 @@ class SocketChannel:
         try:
             return Payload.model_validate(data)
         except ValidationError as exc:
-            problem = exc.errors()[0]
-            field = ".".join(str(p) for p in problem["loc"])
             raise OpenEnvError(
-                f"{self.where} answered {what} with an unusable '{field}': {problem['msg']} "
-                f"(got {problem.get('input')!r:.200})"
+                f"{self.where} answered {what} with an unusable {problem_text(exc)}"
             ) from None
 
     async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:

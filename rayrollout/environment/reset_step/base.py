@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 from pydantic import ValidationError
 
 from rayrollout.data.schema import Message, Task
+from rayrollout.data.validation import problem_text
 from rayrollout.environment.contract import Environment, Episode, Verification
 from rayrollout.environment.reset_step.protocol import (
     Opening,
@@ -141,11 +142,8 @@ class ResetStepEnvironment(Environment):
         except ResetStepError:
             raise
         except ValidationError as exc:  # a StepResult or Opening the library's answer broke
-            problem = exc.errors()[0]
-            field = ".".join(str(p) for p in problem["loc"])
             raise ResetStepError(
-                f"{self.where()} {failing}: its answer's '{field}' is not usable: "
-                f"{problem['msg']} (got {problem.get('input')!r})"
+                f"{self.where()} {failing}: its answer has an unusable {problem_text(exc)}"
             ) from None
         except Exception as exc:
             raise ResetStepError(
