@@ -4,10 +4,12 @@
 OpenRLHF loads that file by path, builds its ``AgentExecutor`` with no arguments once per
 vLLM actor (``RolloutRayActor``), and calls ``execute(prompt, label, sampling_params,
 max_length, hf_tokenizer, llm_engine)`` once per sample. This executor does not generate with
-``llm_engine``: it sends the task to rayrollout's rollout service and waits for the episode's
-row, so the policy that plays is the engine's, not OpenRLHF's vLLM (OpenRLHF still builds its
-engines; it broadcasts its weights to them, not to rayrollout). The engine's weights move by
-checkpoint path (``client.update_weights``), and every turn's policy version is reported.
+``llm_engine`` (an object in OpenRLHF's own Ray, which rayrollout's agents cannot call): it
+sends the task to rayrollout's rollout service and waits for the episode's row, so the policy
+that plays is the engine's, not OpenRLHF's vLLM (OpenRLHF still builds its engines and
+broadcasts its weights to them, not to rayrollout). The engine's weights move by checkpoint
+path (``client.update_weights``), and every turn's policy version is reported. The calls that
+arrive together go to the service as one batch (``RayrolloutExecutor``).
 
 The answer is what OpenRLHF's ``SamplesGenerator._process_response_into_experience`` reads:
 ``observation_tokens`` the whole sequence (the first prompt, then every environment and model
