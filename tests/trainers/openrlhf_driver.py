@@ -7,7 +7,9 @@ builds its ``AgentExecutor`` as ``RolloutRayActor.__init__`` does, ``RolloutRayA
 ``generate_responses`` plays ``n`` samples per prompt (called on a stand-in for the actor,
 whose ``generate`` refuses: the executor must not use OpenRLHF's vLLM), each answer goes
 through ``SamplesGenerator._process_response_into_experience``, and the experiences through
-``RemoteExperienceMaker.split_rollout_samples`` (``Experience.concat_experiences``, padding).
+``Experience.concat_experiences`` (padding), as ``RemoteExperienceMaker.split_rollout_samples``
+batches them (that module imports ``openrlhf.models``, hence deepspeed, which the venv
+lacks).
 ``vllm`` is mocked, as OpenRLHF's own tests mock it (no vLLM on CPU here); ``vllm.SamplingParams``
 keeps its keyword arguments. Usage: ``python openrlhf_driver.py URL TOKEN AGENT.py OUT.json``.
 """
