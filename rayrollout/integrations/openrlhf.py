@@ -37,7 +37,7 @@ from collections import deque
 from typing import Any
 
 from rayrollout.client import AsyncRolloutClient
-from rayrollout.errors import InputError
+from rayrollout.errors import InputError, RayrolloutError
 from rayrollout.integrations.sequences import Sequence, TooManyFailuresError, flatten, group_rows
 
 try:
@@ -147,6 +147,7 @@ class RayrolloutExecutor(AgentExecutorBase):
         self.recent: deque[tuple[str, Sequence]] = deque(maxlen=RECENT)  # (batch id, episode)
         self.waiting: dict[str, tuple[dict[str, Any], list[asyncio.Future[Any]]]] = {}
         self.flushing: asyncio.Task[None] | None = None
+        self.running: set[asyncio.Task[None]] = set()  # flushes under way, kept referenced
 
     async def execute(
         self,
@@ -174,6 +175,8 @@ class RayrolloutExecutor(AgentExecutorBase):
         self.waiting.setdefault(key, (task, []))[1].append(future)
         if self.flushing is None:
             self.flushing = asyncio.create_task(self.flush())
+            self.running.add(self.flushing)
+            self.flushing.add_done_callback(self.running.discard)
         batch_id, sequence = await future
         self.played += 1
         self.failed += sequence.failed
@@ -219,7 +222,7 @@ class RayrolloutExecutor(AgentExecutorBase):
                     continue
                 if index >= len(rows):
                     future.set_exception(
-                        InputError(
+                        RayrolloutError(
                             f"batch {status.batch_id} answered no row for task "
                             f"{task['task_id']!r} sample {index}"
                         )
