@@ -468,16 +468,88 @@ def test_a_program_may_send_images_through_the_gateway_in_chat_form():
     assert caught.value.param == "messages[0]" and "base64" in str(caught.value)
 
 
-async def test_token_ids_mode_refuses_images_by_name():
-    from rayrollout.policy.client import PolicyError
+IMAGE_ID, END_ID = 1000, 1001  # the character-level test template's image and end tokens
 
+
+async def char_template(body: dict[str, Any]) -> list[int]:
+    """A ChatML-like template, one token per character: an image part is one IMAGE_ID (as a
+    vision model's template writes one image token), a turn ends with END_ID."""
+
+    def chars(text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    ids: list[int] = []
+    for message in body["messages"]:
+        ids += chars(f"<{message['role']}>")
+        content = message.get("content")
+        for part in content if isinstance(content, list) else [content]:
+            if isinstance(part, dict):
+                ids += chars(part["text"]) if part["type"] == "text" else [IMAGE_ID]
+            elif part:
+                ids += chars(part)
+        for call in message.get("tool_calls") or []:
+            ids += chars(json.dumps(call["function"]))
+        ids.append(END_ID)
+    if body["add_generation_prompt"]:
+        ids += chars("<assistant>")
+    return ids
+
+
+async def test_token_ids_mode_sends_images_with_the_kept_ids_to_the_token_route():
+    """With images, ``prompt_mode: token_ids`` posts the ids as rendered (one image token per
+    image) and every image so far to ``/inference/v1/generate``; the turn records the ids
+    the server expanded, and the next call extends the ids it sent, not the expanded ones."""
+    from aiohttp import web
+
+    from rayrollout.policy.tokens import DeltaRenderer
+
+    bodies: list[dict[str, Any]] = []
+
+    async def generate(request: web.Request) -> web.Response:
+        body = await request.json()
+        bodies.append(body)
+        expanded: list[int] = []
+        for token in body["token_ids"]:  # each image becomes three placeholder tokens
+            expanded += [7, IMAGE_ID, 7] if token == IMAGE_ID else [token]
+        choice = {
+            "index": 0,
+            "text": "done",
+            "token_ids": [100, 111, END_ID],
+            "logprobs": {"content": [{"token_id": t, "logprob": -0.5} for t in (100, 111, 1)]},
+            "finish_reason": "stop",
+        }
+        return web.json_response({"prompt_token_ids": expanded, "choices": [choice]})
+
+    app = web.Application()
+    app.router.add_post("/inference/v1/generate", generate)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     config = PolicyConfig(kind="openai", model="m", prompt_mode="token_ids", tokenizer="none")
-    policy = PolicyClient(config, "http://127.0.0.1:9/v1")
+    policy = PolicyClient(config, f"http://127.0.0.1:{port}/v1")
+    policy._delta_renderer = DeltaRenderer(char_template)
+    messages = conversation()
     try:
-        with pytest.raises(PolicyError, match="does not carry images"):
-            await policy.complete(conversation(), tools=[])
+        first = await policy.complete(messages[:1], tools=[])
+        second = await policy.complete(messages, tools=[], history=[first.turn])
     finally:
         await policy.close()
+        await runner.cleanup()
+
+    sent_1, sent_2 = bodies[0]["token_ids"], bodies[1]["token_ids"]
+    assert sent_1.count(IMAGE_ID) == 1 and sent_2.count(IMAGE_ID) == 2
+    assert [len(b["content_parts"]) for b in bodies] == [1, 2]
+    assert [p["url"] for p in bodies[1]["content_parts"]] == [data_url(RED), data_url(BLUE)]
+    # The next call extends the ids as sent; the turns hold the expanded ones.
+    assert sent_2[: len(sent_1) + 3] == sent_1 + [100, 111, END_ID]
+    turn_1, turn_2 = first.turn, second.turn
+    assert len(turn_1.prompt_token_ids) == len(sent_1) + 2
+    assert turn_2.prompt_token_ids[: len(turn_1.prompt_token_ids) + 3] == (
+        turn_1.prompt_token_ids + turn_1.completion_token_ids
+    )
+    assert turn_1.logprobs == [-0.5] * 3 and first.message.content == "done"
 
 
 def test_parts_written_before_images_existed_still_read(tmp_path):

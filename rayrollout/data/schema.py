@@ -22,6 +22,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -419,6 +420,10 @@ class Turn(_Model):
         "None for a call that was no step. For credit assignment: the row's reward is their "
         "sum unless the environment says otherwise.",
     )
+    # In memory only: the prompt ids as sent when the server expanded them (a vision model's
+    # image placeholders), which the next extending call continues from
+    # (``prompt_token_ids`` holds the expanded ids, the sequence trained on).
+    _sent_prompt_ids: list[int] | None = PrivateAttr(default=None)
 
     @field_validator("policy_version", "prompt_message_count", "retries", mode="before")
     @classmethod

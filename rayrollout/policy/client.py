@@ -16,6 +16,7 @@ records as its status. The API key is read from the environment and never appear
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import time
@@ -28,7 +29,14 @@ from rayrollout.data.convert import (
     messages_to_responses_input,
     responses_output_to_message,
 )
-from rayrollout.data.schema import FunctionCall, Message, SamplingParams, ToolCall, Turn
+from rayrollout.data.schema import (
+    ContentPart,
+    FunctionCall,
+    Message,
+    SamplingParams,
+    ToolCall,
+    Turn,
+)
 from rayrollout.errors import PolicyBoundaryError
 from rayrollout.policy.http import (
     HttpStatusError,
@@ -315,14 +323,9 @@ class PolicyClient:
         return message, turn
 
     async def _token_ids(self, call: _Call) -> tuple[Message, Turn]:
-        """Token-in, token-out: send kept ids + rendered new messages to /v1/completions."""
+        """Token-in, token-out: send kept ids + rendered new messages to /v1/completions, or,
+        when the conversation shows images, to vLLM's token route with the images."""
         cfg = self.config
-        if any(m.parts is not None and m.images for m in call.messages):
-            raise PolicyError(
-                "prompt_mode 'token_ids' renders prompts as text with the chat template and "
-                "does not carry images: use prompt_mode 'messages' (api 'chat' or "
-                "'responses') for episodes that show images"
-            )
         openai_messages = [m.to_openai() for m in call.messages]
         last = call.history[-1] if call.history else None
         if last is not None and last.prompt_token_ids:
@@ -331,9 +334,15 @@ class PolicyClient:
             delta = await self._renderer.delta(
                 openai_messages[start:], call.tools, last.completion_token_ids
             )
-            prompt_ids = last.prompt_token_ids + last.completion_token_ids + delta
+            kept = last._sent_prompt_ids
+            prompt_ids = (kept if kept is not None else last.prompt_token_ids) + (
+                last.completion_token_ids + delta
+            )
         else:
             prompt_ids = await self._renderer.prompt(openai_messages, call.tools)
+        images = [part for m in call.messages for part in m.images]
+        if images:
+            return await self._generate(call, prompt_ids, images)
         body: dict[str, Any] = {
             "model": cfg.model,
             "prompt": prompt_ids,
@@ -371,6 +380,66 @@ class PolicyClient:
         )
         return Message(role="assistant", content=content, tool_calls=calls or None), turn
 
+    async def _generate(
+        self, call: _Call, prompt_ids: list[int], images: list[ContentPart]
+    ) -> tuple[Message, Turn]:
+        """Token ids with images: vLLM's ``/inference/v1/generate`` (``token_route`` on a
+        ``vllm`` deployment). ``prompt_ids`` hold one image token per image, as the chat
+        template renders it, and every image of the conversation goes with them, in order:
+        vLLM expands each into its placeholder tokens. The turn records the expanded ids
+        (what the model saw, the sequence trained on) and keeps the sent ones, which the
+        next call extends (sending expanded ids back would expand them again)."""
+        cfg = self.config
+        sampling: dict[str, Any] = {**self._sampling(call.sampling), **cfg.extra_body}
+        sampling.pop("chat_template_kwargs", None)  # used for rendering, not by vLLM here
+        sampling["logprobs"] = 0  # the sampled token's own logprob
+        if call.tools and call.tool_choice == "required":
+            tag = tool_call_structural_tag(call.tools)
+            sampling["structured_outputs"] = {"structural_tag": json.dumps(tag)}
+        body: dict[str, Any] = {
+            "model": cfg.model,
+            "token_ids": prompt_ids,
+            "content_parts": [{"type": "image_url", "url": part.url} for part in images],
+            "sampling_params": sampling,
+            "return_token_ids": True,
+            "output_mode": "text",
+        }
+        base = self.base_url.rstrip("/")
+        if not base.endswith("/v1"):
+            raise PolicyError(
+                f"prompt_mode 'token_ids' with images posts to vLLM's {GENERATE_PATH}, "
+                f"beside the OpenAI routes: the policy's base_url must end in /v1 (got {base})"
+            )
+        url = base.removesuffix("/v1") + GENERATE_PATH
+        answer = await self.http.post(url, body, call.headers, call.failed)
+        choices = answer.get("choices")
+        if not choices:
+            raise _UnusableAnswer(f"policy server {self.base_url} returned no choices")
+        choice = choices[0]
+        text = choice.get("text") or ""
+        if call.tools and call.tool_choice != "none":
+            content, calls = parse_hermes_tool_calls(text)
+        else:
+            content, calls = text, []
+        expanded = answer.get("prompt_token_ids")
+        if not expanded:
+            raise _UnusableAnswer(
+                f"policy server {self.base_url} returned no prompt_token_ids from {GENERATE_PATH}"
+            )
+        completion = choice.get("token_ids") or []
+        logprobs = (choice.get("logprobs") or {}).get("content") or []
+        usage = answer.get("usage") or {}
+        turn = Turn(
+            prompt_token_ids=expanded,
+            completion_token_ids=completion,
+            logprobs=[entry["logprob"] for entry in logprobs],
+            finish_reason="tool_calls" if calls else choice.get("finish_reason"),
+            prompt_tokens=usage.get("prompt_tokens") or len(expanded),
+            completion_tokens=usage.get("completion_tokens") or len(completion),
+        )
+        turn._sent_prompt_ids = prompt_ids
+        return Message(role="assistant", content=content, tool_calls=calls or None), turn
+
     @property
     def _renderer(self) -> DeltaRenderer:
         if self._delta_renderer is None:
@@ -383,6 +452,9 @@ class PolicyClient:
         return DeltaRenderer(tokenize, kwargs)
 
 
+# vLLM's token-in route, next to the base URL's /v1 (deployments/vllm/token_route.py on a
+# 'vllm' deployment; vLLM's own server with --enable-scale-out).
+GENERATE_PATH = "/inference/v1/generate"
 _RETRY_ERROR_CHARS = 120  # per failed try on a turn: enough to tell a 500 from a timeout
 
 

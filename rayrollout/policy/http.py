@@ -91,7 +91,7 @@ class PolicyHttp:
         Every failed try that was retried is appended to ``failed`` (briefly: what it got),
         so a call that succeeded on a later try can say so.
         """
-        url = f"{self.base_url}{path}"
+        url = path if "://" in path else f"{self.base_url}{path}"  # or an absolute URL
         data = orjson.dumps(body)
         for attempt in range(self.max_retries + 1):
             last = attempt == self.max_retries

@@ -290,3 +290,134 @@ def test_token_ids_with_images_extend_across_turns_through_the_token_route(
     assert [prompt_2[p["offset"]] for p in placed] == tokenizer.convert_tokens_to_ids(
         ["<fake_token_around_image>"] * 2
     )
+
+
+# --- Episodes of the shapes environment (a picture in the prompt, zoom returns a crop) ---
+
+
+def shapes_tasks(count: int) -> list[dict[str, Any]]:
+    """The shapes environment's first ``count`` tasks, with zoom's arguments bounded in the
+    schema vLLM enforces (random weights fill integers freely): every call is a crop that
+    exists, so every tool result is an image."""
+    import json
+
+    from rayrollout.environments.shapes.env import ShapesEnv
+
+    tools = json.loads(json.dumps(ShapesEnv.tool_schemas()))
+    for tool in tools:
+        properties = tool["function"]["parameters"]["properties"]
+        for name in ("x", "y"):
+            properties[name].update(minimum=0, maximum=200)
+        for name in ("width", "height"):
+            properties[name].update(minimum=16, maximum=56)
+        tool["function"]["strict"] = True  # Chat Completions enforces the schema only then
+    lines = (ROOT / "environments/shapes/tasks.jsonl").read_text().splitlines()[:count]
+    # By its class: the vLLM venv's entry points may predate the environment's.
+    environment = "rayrollout.environments.shapes.env:ShapesEnv"
+    return [{**json.loads(line), "tools": tools, "environment": environment} for line in lines]
+
+
+def image_sizes(messages: list[Any]) -> list[tuple[int, int]]:
+    """The pixel sizes of the images ``messages`` show, in order."""
+    from rayrollout.data.images import decode_data_url, image_size
+
+    sizes = []
+    for message in messages:
+        for part in message.images:
+            width, height = image_size(decode_data_url(part.url)[1])
+            sizes.append((width, height))
+    return sizes
+
+
+def check_images_seen(tokenizer: Any, trajectory: Any) -> int:
+    """Each turn's prompt ids, as vLLM returned them, hold every image shown so far
+    expanded to its size's placeholder count (and nothing else changed); returns the
+    image placeholder tokens of the episode's turns."""
+    from rayrollout.deployments.vllm.tiny_vlm import image_token_count
+
+    total = 0
+    for index, turn in enumerate(trajectory.turns):
+        shown = trajectory.messages[: turn.prompt_message_count]
+        expected = [image_token_count(*size) for size in image_sizes(shown)]
+        _, spans = collapse_images(tokenizer, turn.prompt_token_ids)
+        assert spans == expected, (trajectory.task_id, index, spans, expected)
+        total += sum(spans)
+    return total
+
+
+def image_episodes(policy: VllmPolicy, tmp_path: Path, count: int, **settings: Any) -> list[Any]:
+    from vllm_tier import run
+
+    trajectories = run(policy, tmp_path, shapes_tasks(count), repeats=1, **settings)
+    assert len(trajectories) == count
+    for t in trajectories:
+        # Truncated: the last turn's free text ran to max_tokens (random weights).
+        assert t.status in ("ok", "max_turns", "truncated"), (t.task_id, t.status, t.error)
+    return trajectories
+
+
+def check_tool_images(trajectories: list[Any]) -> None:
+    """Each episode made two turns or more, and every call before its last turn was a zoom
+    answered with an image."""
+    for t in trajectories:
+        assert len(t.turns) >= 2, (t.task_id, t.metrics.turns)
+        tool_images = [m for m in t.messages if m.role == "tool" and m.images]
+        assert len(tool_images) >= len(t.turns) - 1, (t.task_id, [m.content for m in t.messages])
+
+
+def test_shapes_episodes_in_token_ids_mode_stay_one_token_sequence_with_images(
+    vlm_policy: VllmPolicy, tmp_path: Path
+):
+    """Token-in through the token route (the client's ``prompt_mode: token_ids``): the
+    picture and each zoomed crop reach the model, and every turn extends the last one."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(vlm_policy.model_path)
+    trajectories = image_episodes(vlm_policy, tmp_path, 4, max_tokens=256)
+    check_tool_images(trajectories)
+    turns = sum(len(t.turns) for t in trajectories)
+    image_tokens = sum(check_images_seen(tokenizer, t) for t in trajectories)
+    mismatches = sum(t.metrics.token_mismatches for t in trajectories)
+    print(
+        f"\ntoken ids with images: {len(trajectories)} episodes, {turns} turns, "
+        f"{image_tokens} image placeholder tokens in prompts, {mismatches} token mismatches"
+    )
+    assert mismatches == 0
+    for t in trajectories:
+        for previous, turn in zip(t.turns, t.turns[1:], strict=False):
+            assert turn.extends_previous
+            kept = previous.prompt_token_ids + previous.completion_token_ids
+            assert turn.prompt_token_ids[: len(kept)] == kept
+            assert len(turn.logprobs) == len(turn.completion_token_ids) > 0
+
+
+def test_shapes_episodes_in_messages_mode_show_vllm_every_image_but_re_render_its_text(
+    vlm_policy: VllmPolicy, tmp_path: Path
+):
+    """Chat Completions (``prompt_mode: messages``): vLLM's prompt holds every image, but
+    each turn's prompt is rendered again from the parsed messages, and a tool call rendered
+    from its parsed arguments is not the text the model sampled (its whitespace, its token
+    split): the episodes' mismatches are all there, after the previous prompt, never in it."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(vlm_policy.model_path)
+    episodes = image_episodes(vlm_policy, tmp_path, 3, prompt_mode="messages", max_tokens=256)
+    # Chat Completions' tool_choice 'required' is a JSON list that random weights may pad
+    # with whitespace past max_tokens: that turn holds no call. The episodes with a zoomed
+    # image are the ones checked across turns; every episode's images are checked.
+    trajectories = [t for t in episodes if any(m.role == "tool" and m.images for m in t.messages)]
+    shown = [[(m.role, m.content, len(m.images)) for m in t.messages[1:]] for t in episodes]
+    assert trajectories, shown
+    image_tokens = sum(check_images_seen(tokenizer, t) for t in episodes)
+    mismatches = sum(t.metrics.token_mismatches for t in trajectories)
+    print(
+        f"\nmessages mode with images: {len(trajectories)} of {len(episodes)} episodes "
+        f"zoomed, {sum(len(t.turns) for t in episodes)} turns, {image_tokens} image "
+        f"placeholder tokens, {mismatches} token mismatches (re-rendered tool calls)"
+    )
+    for t in trajectories:
+        for previous, turn in zip(t.turns, t.turns[1:], strict=False):
+            prompt = previous.prompt_token_ids
+            assert turn.prompt_token_ids[: len(prompt)] == prompt  # images and all
+            if turn.token_mismatch_index is not None:
+                assert turn.token_mismatch_index >= len(prompt)
