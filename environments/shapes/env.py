@@ -84,6 +84,7 @@ class ShapesEnv(Environment):
 
     name = "shapes"
     default_hosting = "inline"  # a crop of a 256-pixel picture is well under a millisecond
+    needs_vision = True  # the answer is in the picture
     zoom_factor: ClassVar[int] = 2
 
     @tool

@@ -57,6 +57,13 @@ def write_demo_tasks(path: Path, config: RunConfig) -> dict[str, str]:
         example = Path(package.__file__ or "").parent / "tasks.jsonl"
         if not example.exists():
             continue
+        module, _, attribute = target.partition(":")
+        if getattr(importlib.import_module(module), attribute).needs_vision:
+            left_out[name] = (
+                "its tasks need a model that sees images (the demo's scripted policy does "
+                "not); run them with a vision-language policy (docs/how-to/vision-policy.md)"
+            )
+            continue
         reason = environment_unavailable(name, config)
         if reason is not None:
             left_out[name] = reason

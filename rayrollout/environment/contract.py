@@ -217,10 +217,13 @@ class Environment:
         default_hosting: Where it runs unless the config says otherwise: ``"inline"`` in the
             worker actors (zero hops; light, non-blocking tools) or ``"serve"`` on Ray Serve
             replicas (CPU-heavy or isolated tools).
+        needs_vision: True when its tasks can only be solved by a model that sees images;
+            ``rayrollout demo``, whose scripted policy does not, leaves it out and says so.
     """
 
     name: ClassVar[str] = ""
     default_hosting: ClassVar[Hosting] = "inline"
+    needs_vision: ClassVar[bool] = False
     _tool_specs: ClassVar[dict[str, _ToolSpec]]
 
     def __init__(self, task: Task) -> None:
