@@ -26,10 +26,12 @@ once per worker actor and kept)::
 is the row's ``prompt``; the model and sampling are the run's.
 
 Ends: a rollout that records an error (the environment's, or a model call that failed) is an
-``error`` episode naming it; one verifiers cut short (its ``max_turns``, an overlong prompt)
-is ``truncated`` with the rubric's score; an environment that cannot be loaded, or verifiers
-not installed, is ``error`` saying so; a model call that ran into the episode's own end
-(``max_turns``, the policy failing for good) ends it with that status.
+``error`` episode naming it; one verifiers cut short itself (its own ``max_turns``, an
+overlong prompt) is ``ok`` with the rubric's score and ``is_truncated`` in the details; an
+environment that cannot be loaded, or verifiers not installed, is ``error`` saying so; a
+model call that ran into the episode's own end (rayrollout's ``max_turns``, the policy
+failing for good) ends it with that status, and at ``max_turns`` the ``verifiers``
+environment's verifier scores the transcript with the same rubric.
 """
 
 from __future__ import annotations
@@ -38,16 +40,13 @@ import asyncio
 import importlib.util
 import json
 import math
-import signal
-import sys
-import types
-from importlib.metadata import PackageNotFoundError, distribution
 from typing import Any, ClassVar
 
 from rayrollout.agent import Agent, AgentEpisode, EpisodeEnd
 from rayrollout.environment import Verification
+from rayrollout.environment.verifiers import load_verifiers_environment
 
-__all__ = ["VerifiersAgent", "load_verifiers_environment"]
+__all__ = ["VerifiersAgent"]
 
 _NAME = "verifiers"
 
@@ -132,48 +131,6 @@ class VerifiersAgent(Agent):
                     f"{type(exc).__name__}: {exc}",
                 ) from exc
         return self._loaded[key]
-
-
-def load_verifiers_environment(env_id: str, env_args: dict[str, Any]) -> Any:
-    """``verifiers.load_environment(env_id, **env_args)``, with verifiers' own ``agents``.
-
-    verifiers' tools import ``agents`` (openai-agents' package); a rayrollout checkout on
-    ``sys.path`` (its root, as tests and a run started there have) offers its own ``agents/``
-    folder under that name first. openai-agents' package is put in its place beforehand, and
-    the environment is built without taking the process's signals (``_KEEP_SIGNALS``).
-    """
-    _openai_agents_first()
-    import verifiers as vf
-    import verifiers.envs.environment as vf_environment
-
-    vf_environment.signal = _KEEP_SIGNALS
-    return vf.load_environment(env_id, **env_args)
-
-
-# verifiers' Environment installs SIGINT and SIGTERM handlers when it is built: that fails off
-# the main thread (an actor's event loop, a loader thread) and would take the worker's signals
-# from Ray. Its module gets a copy of ``signal`` whose ``signal()`` installs nothing.
-_KEEP_SIGNALS = types.SimpleNamespace(**vars(signal))
-_KEEP_SIGNALS.signal = lambda signalnum, handler: None
-
-
-def _openai_agents_first() -> None:
-    """Make ``import agents`` give openai-agents' package when it is installed."""
-    try:
-        init = distribution("openai-agents").locate_file("agents/__init__.py")
-    except PackageNotFoundError:
-        return
-    loaded = sys.modules.get("agents")
-    if loaded is not None and getattr(loaded, "__file__", None) == str(init):
-        return
-    spec = importlib.util.spec_from_file_location(
-        "agents", str(init), submodule_search_locations=[str(init.parent)]
-    )
-    if spec is None or spec.loader is None:
-        return
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["agents"] = module
-    spec.loader.exec_module(module)
 
 
 def _verdict(env_id: str, state: Any) -> Verification:

@@ -17,10 +17,9 @@ from typer.testing import CliRunner
 
 vf = pytest.importorskip("verifiers", reason="verifiers is not installed: see .ci/verifiers")
 
-from rayrollout.agents.verifiers import load_verifiers_environment  # noqa: E402
-
 from rayrollout import read_trajectories  # noqa: E402
 from rayrollout.cli.commands import app  # noqa: E402
+from rayrollout.environment.verifiers import load_verifiers_environment  # noqa: E402
 
 CALL = {"tool": "multiply", "arguments": {"a": 6, "b": 7}}
 
@@ -41,6 +40,8 @@ ROWS = [
     row("two-calls", [CALL, CALL, "It is 42."]),
     row("wrong", ["It is 41."]),
     row("bad-env", ["It is 42."], vf_env="no_such_verifiers_env"),
+    row("vf-cuts-it", [CALL]),  # calls for ever: verifiers' own max_turns (4) ends it
+    row("out-of-turns", [CALL], vf_env_args={"max_turns": 20}),  # rayrollout's (6) ends it
 ]
 
 
@@ -81,7 +82,9 @@ def rubric_by_hand(trajectory):
     return state["reward"]
 
 
-@pytest.mark.parametrize(("task_id", "calls"), [("one-call", 2), ("two-calls", 3), ("wrong", 1)])
+@pytest.mark.parametrize(
+    ("task_id", "calls"), [("one-call", 2), ("two-calls", 3), ("wrong", 1), ("vf-cuts-it", 4)]
+)
 def test_every_model_call_is_a_recorded_turn_and_the_reward_is_the_rubrics(vf_run, task_id, calls):
     trajectory = vf_run[task_id]
     assert (trajectory.status, trajectory.error) == ("ok", None)
@@ -91,7 +94,7 @@ def test_every_model_call_is_a_recorded_turn_and_the_reward_is_the_rubrics(vf_ru
     assert [t.speaker for t in trajectory.turns] == ["policy"] * calls
     # Each call sent the transcript so far (prompt, then a reply and its tool result per
     # call): one token sequence, each turn extending the one before.
-    assert [t.prompt_message_count for t in trajectory.turns] == [1, 3, 5][:calls]
+    assert [t.prompt_message_count for t in trajectory.turns] == [1, 3, 5, 7][:calls]
     assert [t.extends_previous for t in trajectory.turns] == [False] + [True] * (calls - 1)
     assistants = [m for m in trajectory.messages if m.role == "assistant"]
     assert len(assistants) == calls
@@ -111,3 +114,15 @@ def test_an_environment_that_does_not_load_is_an_error_row(vf_run):
     assert trajectory.status == "error"
     assert "'no_such_verifiers_env' did not load" in trajectory.error
     assert trajectory.turns == []
+
+
+def test_verifiers_own_turn_limit_is_an_ok_episode_marked_truncated(vf_run):
+    trajectory = vf_run["vf-cuts-it"]
+    assert trajectory.verification["stop_condition"] == "max_turns_reached"
+    assert trajectory.reward == -2.0  # four calls, no answer
+
+
+def test_out_of_rayrollouts_turns_the_rubric_still_scores_the_transcript(vf_run):
+    trajectory = vf_run["out-of-turns"]
+    assert (trajectory.status, len(trajectory.turns)) == ("max_turns", 6)
+    assert trajectory.reward == rubric_by_hand(trajectory) == -3.0
