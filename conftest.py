@@ -104,6 +104,11 @@ def ray_session() -> Iterator[None]:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.pop("RAY_ADDRESS", None)  # always a fresh local Ray, never a user's cluster
     os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")  # metrics tests wait less
+    # Serve's controller kills an HTTP proxy that is not ready within 5 s of starting; on a
+    # loaded machine (CI builds two venvs beside the default tier) a new proxy takes longer.
+    # The same patience the engine gives its own Serve (engine/services.py).
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+    os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60")
     # Actors import test environments (tests/fixture_envs.py) by module path.
     root = os.path.dirname(os.path.abspath(__file__))
     tests = os.path.join(root, "tests")
@@ -147,7 +152,14 @@ def serve_apps_deleted(request: pytest.FixtureRequest) -> Iterator[None]:
 def serve_session(ray_session: None) -> int:
     """Ray Serve with its HTTP proxy on a free loopback port; returns the port."""
     from ray import serve
+    from ray.exceptions import RayActorError
 
     port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    for attempt in range(3):  # a proxy that died while starting is started again, as a run does
+        try:
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            break
+        except RayActorError:
+            if attempt == 2:
+                raise
     return port
