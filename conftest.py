@@ -106,9 +106,18 @@ def ray_session() -> Iterator[None]:
     os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")  # metrics tests wait less
     # Serve's controller kills an HTTP proxy that is not ready within 5 s of starting; on a
     # loaded machine (CI builds two venvs beside the default tier) a new proxy takes longer.
-    # The same patience the engine gives its own Serve (engine/services.py).
-    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
-    os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60")
+    # The same patience the engine gives its own Serve (engine/services.py), for this
+    # session's Ray only: set while it starts (its processes inherit them), then taken back,
+    # so the programs tests start (ng_run, `rayrollout env serve`) keep their own defaults.
+    patience = {
+        name: "60"
+        for name in (
+            "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S",
+            "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S",
+        )
+        if name not in os.environ
+    }
+    os.environ.update(patience)
     # Actors import test environments (tests/fixture_envs.py) by module path.
     root = os.path.dirname(os.path.abspath(__file__))
     tests = os.path.join(root, "tests")
@@ -123,6 +132,8 @@ def ray_session() -> Iterator[None]:
         namespace="rayrollout-tests",
         _metrics_export_port=METRICS_PORT[0],
     )
+    for name in patience:
+        os.environ.pop(name, None)
     yield
     from ray import serve
 
