@@ -355,15 +355,7 @@ class PolicyClient:
         if call.tools and call.tool_choice == "required":
             body["response_format"] = tool_call_structural_tag(call.tools)
         answer = await self.http.post("/completions", body, call.headers, call.failed)
-        choices = answer.get("choices")
-        if not choices:
-            raise _UnusableAnswer(f"policy server {self.base_url} returned no choices")
-        choice = choices[0]
-        text = choice.get("text") or ""
-        if call.tools and call.tool_choice != "none":
-            content, calls = parse_hermes_tool_calls(text)
-        else:
-            content, calls = text, []
+        choice, content, calls = self._text_choice(answer, call)
         usage = answer.get("usage") or {}
         logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
         turn = Turn(
@@ -379,6 +371,21 @@ class PolicyClient:
             completion_tokens=usage.get("completion_tokens") or 0,
         )
         return Message(role="assistant", content=content, tool_calls=calls or None), turn
+
+    def _text_choice(
+        self, answer: dict[str, Any], call: _Call
+    ) -> tuple[dict[str, Any], str | None, list[ToolCall]]:
+        """The first choice of a text answer (``/completions``, vLLM's generate route), its
+        text split into content and Hermes tool calls when the call offered tools."""
+        choices = answer.get("choices")
+        if not choices:
+            raise _UnusableAnswer(f"policy server {self.base_url} returned no choices")
+        choice = choices[0]
+        text = choice.get("text") or ""
+        if call.tools and call.tool_choice != "none":
+            content, calls = parse_hermes_tool_calls(text)
+            return choice, content, calls
+        return choice, text, []
 
     async def _generate(
         self, call: _Call, prompt_ids: list[int], images: list[ContentPart]
@@ -412,15 +419,7 @@ class PolicyClient:
             )
         url = base.removesuffix("/v1") + GENERATE_PATH
         answer = await self.http.post(url, body, call.headers, call.failed)
-        choices = answer.get("choices")
-        if not choices:
-            raise _UnusableAnswer(f"policy server {self.base_url} returned no choices")
-        choice = choices[0]
-        text = choice.get("text") or ""
-        if call.tools and call.tool_choice != "none":
-            content, calls = parse_hermes_tool_calls(text)
-        else:
-            content, calls = text, []
+        choice, content, calls = self._text_choice(answer, call)
         expanded = answer.get("prompt_token_ids")
         if not expanded:
             raise _UnusableAnswer(
