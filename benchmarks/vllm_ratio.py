@@ -31,6 +31,10 @@ docs/vllm-throughput.md says how to read them.
 
     python benchmarks/vllm_ratio.py          # 96 episodes x 4 rounds: 3-6 min on 2 cores
     python benchmarks/vllm_ratio.py --smoke  # checks it still works: 1.5-3 min (vLLM's start)
+
+Over 400 lines but one job: the two clients, the alternating rounds and the summary of their
+figures are read together; vLLM's counters and CPU accounting already live in
+``vllm_counters``.
 """
 
 from __future__ import annotations
