@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import math
 import time
 from typing import Any
 
@@ -38,6 +37,7 @@ from rayrollout.data.writer import PartWriter, make_sink
 from rayrollout.engine.chunks import ChunkRows
 from rayrollout.engine.deploy import EnvironmentDeployer
 from rayrollout.engine.episode import EpisodeSpec, failed_trajectory
+from rayrollout.engine.feeding import Refill, chunk_size, send_limits
 from rayrollout.engine.figures import RunSnapshot
 from rayrollout.engine.groups import SamplingCounts
 from rayrollout.engine.metrics import RunMetrics
@@ -52,73 +52,8 @@ from rayrollout.gc_tuning import tune_gc
 __all__ = ["ENGINE_NAME", "EngineActor", "start_workers"]
 
 ENGINE_NAME = "engine"
-_RESERVE_S = 0.1  # the round trip a worker's reserve covers (engine.reserve)
 _RESEND_BACKOFF_S = (0.5, 1.0, 2.0, 4.0)  # then every 4 s until workers.restart_deadline_s
 logger = logging.getLogger(__name__)
-
-
-def chunk_size(concurrency: int, num_workers: int) -> int:
-    """Most episodes per worker call: enough to amortize the call (about 1.4 ms of the
-    engine's CPU each; 64 rather than 32 took a tenth off the engine's CPU per episode), few
-    enough to spread the work over the workers."""
-    return max(1, min(64, concurrency // (num_workers * 2)))
-
-
-def reserve(
-    concurrency: int, num_workers: int, episode_s: float | None, refill_s: float | None = None
-) -> int:
-    """Episodes sent to workers beyond ``concurrency``, waiting there, so that a worker starts
-    its next episode the moment one ends instead of a refill later (its row scored, built and
-    sent to the engine, the freed slot, the next chunk back). Workers still run at most
-    ``concurrency`` at once between them (``worker_share``).
-
-    As many as finish within one refill at the run's mean episode time (``episode_s``; None
-    before the first rows: a chunk per worker), at most a chunk per worker. The refill is
-    ``refill_s`` as measured (``_refill_lag``) doubled for the way back, and at least
-    ``_RESERVE_S``: a loaded machine or a slow verifier stretches it, and a reserve sized for
-    a quiet one left the policy's slots empty between episodes. Long episodes need almost
-    none, and must not get more: an episode waiting in a busy worker cannot move to another
-    worker's free slot, so a big reserve would stretch the tail of a round of minute-long
-    episodes.
-    """
-    most = chunk_size(concurrency, num_workers) * num_workers
-    if not episode_s:
-        return most
-    cover = max(_RESERVE_S, 2 * refill_s) if refill_s else _RESERVE_S
-    return min(most, math.ceil(concurrency * cover / episode_s))
-
-
-def send_limits(concurrency: int, chunk: int, waiting: int) -> tuple[int, int]:
-    """(most episodes out at once, episodes per worker call), for a reserve of ``waiting``.
-
-    The feeder waits for room for a whole batch before it sends one, so the workers must
-    still hold their reserve when it does: the batch's room comes on top of it. A batch is at
-    most the reserve, so long episodes (a reserve of one) go one at a time and no worker
-    hoards them. (A batch counted inside the reserve left every slot that emptied waiting
-    until a whole batch's worth had finished: on short episodes the policy ran well under
-    ``concurrency`` requests.)
-
-    >>> send_limits(32, 8, 2)  # a quick refill: batches of two, two more waiting
-    (36, 2)
-    >>> send_limits(32, 8, 16)  # before the first rows: chunks of 8, a chunk per worker
-    (56, 8)
-    """
-    batch = min(chunk, waiting)
-    return concurrency + waiting + batch, batch
-
-
-def _refill_lag(summaries: list[dict[str, Any]], now: float) -> float | None:
-    """Mean seconds from the end of an episode's agent loop (where its worker freed its slot)
-    to its row reaching the engine: the verifier, the session's close, the row and the trip.
-    Clocks of other nodes may be off a little; the figure is clamped to [0, 10] s."""
-    lags = [
-        now - (m["started_at"] + m["seconds_total"] - m["seconds_verify"])
-        for m in (s["metrics"] for s in summaries)
-        if m.get("started_at")
-    ]
-    if not lags:
-        return None
-    return min(10.0, max(0.0, sum(lags) / len(lags)))
 
 
 def start_workers(config: RunConfig, policy_url: str, policy_key: SecretStr | None) -> list[Any]:
@@ -186,8 +121,7 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         self.calls: set[asyncio.Task[None]] = set()  # worker calls in flight
         self.load = [0] * len(self.workers)  # episodes in flight per worker
         self.room = asyncio.Event()  # set when an episode ends: the feeder may send more
-        self.episode_s: float | None = None  # mean episode seconds, recent rows weigh more
-        self.refill_s: float | None = None  # mean _refill_lag, recent rows weigh more
+        self.refill = Refill(config.concurrency, len(self.workers))  # sizes the reserve
         self.flusher: asyncio.Task[None] | None = None
         self.failure: BaseException | None = None
         self.submitted = 0
@@ -351,7 +285,7 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         return send_limits(
             self.config.concurrency,
             self.chunk,
-            reserve(self.config.concurrency, len(self.workers), self.episode_s, self.refill_s),
+            self.refill.reserve(),
         )
 
     async def _room_for(self, chunk: list[EpisodeSpec]) -> None:
@@ -402,13 +336,7 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         self.load[index] -= len(specs)
         self.run_stats.in_flight -= len(specs)
         self.room.set()
-        seconds = [s["metrics"]["seconds_total"] for s in result.summaries]
-        if seconds:
-            mean = sum(seconds) / len(seconds)
-            self.episode_s = mean if self.episode_s is None else 0.8 * self.episode_s + 0.2 * mean
-        lag = _refill_lag(result.summaries, time.time())
-        if lag is not None:
-            self.refill_s = lag if self.refill_s is None else 0.8 * self.refill_s + 0.2 * lag
+        self.refill.observe(result.summaries, time.time())
         self.run_stats.add(result.summaries)
         self.metrics.on_rows(result.summaries, self.run_stats.in_flight, self.writer.buffered_rows)
         try:
