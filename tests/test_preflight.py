@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -32,8 +33,10 @@ from hidden_programs import path_without
 from netutil import free_port
 from typer.testing import CliRunner
 
+from rayrollout.api.preflight import probe_policy
 from rayrollout.api.rollout_engine import RolloutEngine
 from rayrollout.cli.commands import app
+from rayrollout.data.config import RunConfig
 from rayrollout.environment import Environment, Episode, Verification
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -387,13 +390,17 @@ class Endpoint:
     """A tiny OpenAI-ish server on 127.0.0.1: ``GET /v1/models`` answers ``status`` with
     ``models`` listed; records each request's path and Authorization header."""
 
-    def __init__(self, status: int = 200, models: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, status: int = 200, models: tuple[str, ...] = (), slow_first_s: float = 0.0
+    ) -> None:
         self.requests: list[tuple[str, str | None]] = []
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (the http.server name)
                 endpoint.requests.append((self.path, self.headers.get("Authorization")))
+                if len(endpoint.requests) == 1:
+                    time.sleep(slow_first_s)  # a busy server: the first answer comes late
                 answer, body = endpoint.answer(self.path)
                 data = json.dumps(body).encode()
                 self.send_response(answer)
@@ -456,6 +463,17 @@ def test_an_endpoint_that_needs_no_key_says_so_with_an_empty_api_key_env(
         )
     assert isinstance(exception, Started), output  # every check passed: the run starts
     assert endpoint.requests == [("/v1/models", None)]  # probed once, no key sent
+
+
+def test_a_server_that_is_there_but_slow_to_answer_passes_on_a_patient_second_try():
+    """A busy server (vLLM generating on a loaded machine) may list its models late: its
+    first probe timing out is followed by one patient try, not a refused run."""
+    with Endpoint(models=("m1",), slow_first_s=1.0) as endpoint:
+        config = RunConfig.model_validate(
+            {"policy": {"base_url": endpoint.base_url, "model": "m1", "api_key_env": ""}}
+        )
+        probe_policy(config, None, timeout_s=0.2)
+    assert [path for path, _ in endpoint.requests] == ["/v1/models", "/v1/models"]
 
 
 def test_nothing_listening_is_refused_before_ray_starts(real_cli):

@@ -105,6 +105,11 @@ __all__ = [
 
 PROBE_TIMEOUT_S = 5.0
 """Seconds the endpoint probe waits: a live server lists its models in milliseconds."""
+BUSY_TIMEOUT_S = 30.0
+"""Seconds a second try waits when the first timed out: a server that is there but busy (vLLM
+generating on a loaded machine, Serve's proxy behind it) can take seconds to list its
+models, and refusing it would stop a run that would have played. A refused connection or an
+unknown host is still said at once."""
 _MODELS_SHOWN = 10
 _BODY_LIMIT = 4 * 1024 * 1024  # a model list is kilobytes; never read a stray huge answer
 
@@ -422,8 +427,15 @@ def probe_policy(config: RunConfig, key: str | None, timeout_s: float = PROBE_TI
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with opener.open(request, timeout=timeout_s) as response:
-            body = response.read(_BODY_LIMIT)
+        try:
+            with opener.open(request, timeout=timeout_s) as response:
+                body = response.read(_BODY_LIMIT)
+        except _SILENCE as exc:
+            if not _timed_out(exc):
+                raise
+            timeout_s = BUSY_TIMEOUT_S  # there, perhaps busy: once more, more patiently
+            with opener.open(request, timeout=timeout_s) as response:
+                body = response.read(_BODY_LIMIT)
     except urllib.error.HTTPError as exc:
         exc.close()
         if exc.code in (401, 403):
@@ -472,10 +484,15 @@ _SILENCE = (urllib.error.URLError, OSError, ValueError, http.client.HTTPExceptio
 """What a probe's ``GET`` raises when nothing answers (an HTTP error status is an answer)."""
 
 
+def _timed_out(exc: BaseException) -> bool:
+    """Whether a probe's silence was its timeout (not a refusal or an unknown host)."""
+    return isinstance(getattr(exc, "reason", exc), TimeoutError)
+
+
 def _silence_reason(exc: BaseException, timeout_s: float) -> str:
     """Why a probe got no answer, in a few words: the timeout, or the socket's own reason."""
     reason = getattr(exc, "reason", exc)
-    if isinstance(reason, TimeoutError):
+    if _timed_out(exc):
         return f"no answer within {timeout_s:g} s"
     if isinstance(reason, OSError) and reason.strerror:
         return reason.strerror

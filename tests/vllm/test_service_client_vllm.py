@@ -89,7 +89,8 @@ def cli(*args: str, timeout: float = 900) -> str:
     address = ray.get_runtime_context().gcs_address
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     done = subprocess.run(
-        [str(Path(sys.executable).parent / "rayrollout"), *args, "--address", address],
+        # `-m`, not the venv's script: the tier may run in a venv layered over .venv-vllm
+        [sys.executable, "-m", "rayrollout.cli", *args, "--address", address],
         env=env,
         cwd=ROOT,  # the digits environment is examples.grpo_loop's
         capture_output=True,
