@@ -438,7 +438,19 @@ def results(files: list[str], path: str) -> dict[str, Any]:
         lines = [json.loads(line) for line in Path(file).read_text().splitlines() if line]
         header = next(r["run"] for r in lines if "run" in r)
         summary = next(r for r in lines if r.get("summary"))
-        runs.append({"generation": header["generation"], "config": header, **summary})
+        steps = [r for r in lines if "step" in r]
+        runs.append(
+            {
+                "generation": header["generation"],
+                "config": header,
+                **summary,
+                "mean_reward_per_step": [r["mean_reward"] for r in steps],
+                "seconds_per_step": [
+                    {k: r[k] for k in r if k.startswith("seconds_")} for r in steps
+                ],
+                **{k: r[k] for r in lines for k in ("held_out_before", "held_out_after") if k in r},
+            }
+        )
     out: dict[str, Any] = {"runs": runs}
     mean: dict[str, dict[str, list[float]]] = {}
     for run in runs:
@@ -452,6 +464,22 @@ def results(files: list[str], path: str) -> dict[str, Any]:
             for key in ("seconds_generate", "seconds_step")
         }
     Path(path).write_text(json.dumps(out, indent=2) + "\n")
+    return out
+
+
+def evaluate_checkpoints(args: argparse.Namespace, client: Any) -> list[dict[str, Any]]:
+    """Held-out mean reward of the base model, then of each ``--evaluate`` checkpoint (a
+    trained run's ``step-N`` folder), in one engine: before and after in the same session."""
+    _, held_out = split(arithmetic_tasks(args.tasks), args.held_out)
+    out = []
+    for path in [args.model, *args.evaluate]:
+        client.pause("wait")
+        try:
+            client.update_weights(str(Path(path).resolve()))
+        finally:
+            client.resume()
+        out.append({"weights": str(path), **evaluate(client, held_out, args.eval_n)})
+        print(json.dumps(out[-1]), flush=True)
     return out
 
 
@@ -490,6 +518,12 @@ def main() -> None:
     parser.add_argument("--work-dir", default=str(Path(tempfile.gettempdir()) / "trl-smollm2"))
     parser.add_argument("--out-dir", default=None, help="JSON lines per seed (default: work dir)")
     parser.add_argument("--plot", nargs="+", default=None, help="JSON-lines files to plot")
+    parser.add_argument(
+        "--evaluate",
+        nargs="+",
+        default=None,
+        help="checkpoint folders: held-out reward of the base model and of each, no training",
+    )
     parser.add_argument("--png", default=str(ROOT / "docs/trl_grpo_smollm2_reward.png"))
     parser.add_argument(
         "--results", default=None, help="with --plot: also write the runs' summaries here"
@@ -513,6 +547,10 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     child, client = (None, None) if args.trl_generation else start_engine(args, work_dir)
     try:
+        if args.evaluate:
+            held_out = evaluate_checkpoints(args, client)
+            (out_dir / "held-out.json").write_text(json.dumps(held_out, indent=2) + "\n")
+            return
         for seed in args.seeds:
             records = train_seed(args, seed, client, work_dir)
             name = f"trl-generation-seed-{seed}" if args.trl_generation else f"seed-{seed}"
