@@ -418,13 +418,15 @@ def plot(files: list[str], png: str) -> None:
             label += (
                 f": held-out {summary['held_out_before']:.2f} -> {summary['held_out_after']:.2f}"
             )
+        if summary.get("ended_early"):
+            label += f" (ended early: {summary['ended_early']})"
         ax.plot([r["step"] for r in steps], [r["mean_reward"] for r in steps], "o-", label=label)
     ax.set_xlabel("TRL GRPOTrainer step (weights pushed to vLLM after each)")
     ax.set_ylabel("mean reward of the step's episodes")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.set_title("SmolLM2-135M-Instruct, CPU: math with a calculator tool, through rayrollout")
-    ax.legend(loc="upper left")
+    ax.set_title("SmolLM2-135M-Instruct on CPU, TRL GRPOTrainer, math tool episodes")
+    ax.legend(loc="lower right", fontsize="small")
     fig.tight_layout()
     Path(png).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png)
