@@ -104,7 +104,7 @@ def main(url: str, token: str, out: str, workdir: str) -> None:
     rollout.max_dropped_fraction = 1.0
     stale = rollout.answer(rollout.last_sequences, 0)
     # A truncated episode trains only when its status is named trainable.
-    rollout.version -= 1
+    rollout.max_staleness = None  # the last batch is stale by now: keep that out of it
     truncated = [dataclasses.replace(s, status="truncated") for s in rollout.last_sequences]
     by_default = rollout.answer(truncated, 0)["env_mask"]
     rollout.trainable = ("ok", "truncated")
