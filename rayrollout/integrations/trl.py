@@ -78,6 +78,9 @@ class RayrolloutRollout:
         max_staleness: Samples whose oldest turn is more than this many versions behind the
             last pushed weights are dropped (``env_mask`` 0); None keeps every sample.
         max_dropped_fraction: Raise ``TooManyDroppedError`` when more of a batch is dropped.
+        trainable: The episode statuses that train; any other keeps its place with
+            ``env_mask`` all 0. ``("ok", "truncated")`` also trains episodes cut at
+            ``max_tokens`` (TRL's own generation trains truncated completions by default).
     """
 
     def __init__(
@@ -86,8 +89,10 @@ class RayrolloutRollout:
         tasks: list[dict[str, Any]],
         max_staleness: int | None = 0,
         max_dropped_fraction: float = 0.5,
+        trainable: tuple[str, ...] = ("ok",),
     ) -> None:
         self.client = client
+        self.trainable = trainable
         self.max_staleness = max_staleness
         self.max_dropped_fraction = max_dropped_fraction
         self.version = client.stats().policy.version
@@ -154,8 +159,9 @@ class RayrolloutRollout:
         }
         dropped = []
         for s in sequences:
-            status = "stale" if not s.failed and self.stale(s) else s.status
-            keep = status == "ok"
+            usable = s.status in self.trainable and s.response_ids and any(s.mask)
+            status = "stale" if usable and self.stale(s) else s.status
+            keep = bool(usable) and status != "stale"
             if not keep:
                 dropped.append((s, status))
             completion = s.response_ids or [pad]  # TRL reads each completion's last id

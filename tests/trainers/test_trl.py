@@ -71,3 +71,6 @@ def test_trl_grpo_trains_on_rayrollout_rollouts_and_pushes_weights(service, tmp_
     assert record["stale_error"] and "8 of 8 samples dropped" in record["stale_error"]
     assert record["stale_status"] == ["stale"] * 8
     assert all(set(mask) == {0} for mask in record["stale_masks"])
+    # Truncated episodes: masked unless named trainable, then their own masks.
+    assert all(set(mask) == {0} for mask in record["truncated_masks_by_default"])
+    assert record["truncated_masks_when_trainable"] == calls[-1]["answer"]["env_mask"]

@@ -11,6 +11,7 @@ returned, the rows behind it, the pushes and TRL's log, for the test to check.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -102,7 +103,15 @@ def main(url: str, token: str, out: str, workdir: str) -> None:
         stale_error = str(exc)
     rollout.max_dropped_fraction = 1.0
     stale = rollout.answer(rollout.last_sequences, 0)
+    # A truncated episode trains only when its status is named trainable.
+    rollout.max_staleness = None  # the last batch is stale by now: keep that out of it
+    truncated = [dataclasses.replace(s, status="truncated") for s in rollout.last_sequences]
+    by_default = rollout.answer(truncated, 0)["env_mask"]
+    rollout.trainable = ("ok", "truncated")
+    when_asked = rollout.answer(truncated, 0)["env_mask"]
     record = {
+        "truncated_masks_by_default": by_default,
+        "truncated_masks_when_trainable": when_asked,
         "calls": calls,
         "pushed": rollout.pushed,
         "saved": saved,
