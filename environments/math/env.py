@@ -118,6 +118,7 @@ def _warm_up() -> None:
     importlib.import_module("math_verify")
     _grade("$x+1$", "$1+x$")
 
+
 GOLD_FIELDS = ("expected_answer", "expected_result")
 """Where a task keeps its gold answer: rayrollout's name (also NeMo Gym's ``math_with_judge``),
 then the one NeMo Gym's ``math_with_code`` datasets use (a number there, e.g. 32)."""

@@ -29,10 +29,10 @@ runs the same model and batch with TRL's own generation (``use_vllm=False``, no
 the per-step reward of several runs into a PNG.
 
     PY=/path/to/.venv-trainers-trl/bin/python
-    $PY examples/trl_grpo_smollm2.py --seed 0 --out /tmp/trl-smollm2/seed-0.jsonl
-    $PY examples/trl_grpo_smollm2.py --seed 0 --trl-generation --steps 2 \\
+    $PY benchmarks/trl_grpo_smollm2.py --seed 0 --out /tmp/trl-smollm2/seed-0.jsonl
+    $PY benchmarks/trl_grpo_smollm2.py --seed 0 --trl-generation --steps 2 \\
         --out /tmp/trl-smollm2/trl-generation.jsonl
-    $PY examples/trl_grpo_smollm2.py --plot /tmp/trl-smollm2/seed-*.jsonl \\
+    $PY benchmarks/trl_grpo_smollm2.py --plot /tmp/trl-smollm2/seed-*.jsonl \\
         --png docs/trl_grpo_smollm2_reward.png
 """
 
@@ -453,7 +453,11 @@ def results(files: list[str], path: str) -> dict[str, Any]:
                 **{k: r[k] for r in lines for k in ("held_out_before", "held_out_after") if k in r},
             }
         )
-    out: dict[str, Any] = {"runs": runs}
+    out: dict[str, Any] = {
+        "command": "python benchmarks/trl_grpo_smollm2.py --seeds 0 1 --steps 15 --margin 0.1",
+        "benchmark": "trl_grpo_smollm2",
+        "runs": runs,
+    }
     mean: dict[str, dict[str, list[float]]] = {}
     for run in runs:
         for key, value in run["mean_seconds_after_first_step"].items():
