@@ -12,7 +12,7 @@ from rayrollout.data.schema import Trajectory
 from rayrollout.data.tasks import parse_task_row
 from rayrollout.engine.chunks import ChunkRows
 from rayrollout.engine.episode import EpisodeSpec
-from rayrollout.engine.feeding import Refill, burst, reserve, send_limits
+from rayrollout.engine.feeding import Refill, reserve, send_limits
 from rayrollout.engine.worker import WorkerRunner
 
 
@@ -133,23 +133,15 @@ def test_the_reserve_covers_the_refill_it_measured():
     assert reserve(32, 2, 1.6, refill_s=5.0) == 16  # two chunks of 8
 
 
-def test_episodes_that_end_together_get_as_many_waiting():
-    """Requests of one length started together end together: the reserve covers the burst
-    (up to ``concurrency``), not just the mean rate, or all but a few of its slots stay
-    empty for a whole refill."""
-    assert burst([0.0, 0.05, 0.09, 0.3, 0.31], 0.1) == 3
-    assert reserve(32, 2, 1.6, refill_s=0.01, burst=30) == 30
-    assert reserve(32, 2, 1.6, refill_s=0.01, burst=100) == 32  # never past concurrency
-    assert reserve(32, 2, 60.0, burst=1) == 1  # long episodes ending apart: still one
+def test_the_refill_is_measured_from_the_rows():
+    """The reserve follows the episode time and refill lag the rows report: quick episodes
+    whose rows come back within 0.11 s of their loop's end keep a reserve by rate."""
     refill = Refill(32, 2)
+    assert refill.reserve() == 16  # before the first rows: a chunk per worker
     metrics = {"seconds_total": 1.6, "seconds_verify": 0.01}
-    wave = [{"metrics": {**metrics, "started_at": 100.0 + i * 0.001}} for i in range(24)]
-    refill.observe(wave, now=101.7)
-    assert refill.burst == 24 and refill.reserve() == 24
-    for i in range(128):  # one a second: the wave leaves the remembered ends
+    for i in range(8):
         refill.observe([{"metrics": {**metrics, "started_at": 200.0 + i}}], now=201.7 + i)
-    assert refill.burst == 1
-    assert refill.reserve() == 5  # by rate again: 32 x 0.22 s (a 0.11 s refill, both ways) / 1.6 s
+    assert refill.reserve() == 5  # 32 x 0.22 s (a 0.11 s refill, both ways) / 1.6 s
 
 
 @pytest.mark.parametrize(("chunk", "waiting"), [(8, 2), (8, 16), (64, 1), (1, 5)])

@@ -4,18 +4,16 @@ The engine sends episodes to workers ahead of need (a reserve waiting in the wor
 ``concurrency``), so that a slot freed at the end of an episode starts the next one at once
 instead of after a refill: the row scored, built and sent to the engine, the freed room
 seen, the next batch sent back. ``Refill`` keeps what the reserve is sized from (the run's
-episode time, the refill lag, how many episodes end together), measured from the rows as
-they arrive; ``send_limits`` turns a reserve into the feeder's two limits.
+episode time and the refill lag), measured from the rows as they arrive; ``send_limits``
+turns a reserve into the feeder's two limits.
 """
 
 from __future__ import annotations
 
-import collections
 import math
 from typing import Any
 
 _RESERVE_S = 0.1  # the least round trip a worker's reserve covers
-_ENDS_KEPT = 4  # loop ends remembered, in multiples of concurrency (bursts are sought there)
 
 
 def chunk_size(concurrency: int, num_workers: int) -> int:
@@ -30,7 +28,6 @@ def reserve(
     num_workers: int,
     episode_s: float | None,
     refill_s: float | None = None,
-    burst: int = 0,
 ) -> int:
     """Episodes sent to workers beyond ``concurrency``, waiting there. Workers still run at
     most ``concurrency`` at once between them (``worker_share``).
@@ -43,23 +40,14 @@ def reserve(
     another worker's free slot, so a big reserve would stretch the tail of a round of
     minute-long episodes.
 
-    Episodes that end together (``burst``: the most whose agent loops ended within one
-    refill of each other lately) need as many waiting, up to ``concurrency``: the mean rate
-    hides them. Requests of one length started together end together, and a reserve sized
-    by the mean left all but a few of their slots empty for a whole refill, during which
-    the workers scored the burst's episodes one after another.
-
     >>> reserve(32, 2, 1.6)  # 32 slots x 0.1 s / 1.6 s
     2
-    >>> reserve(32, 2, 1.6, burst=30)  # 30 episodes ended within one refill
-    30
     """
     most = chunk_size(concurrency, num_workers) * num_workers
     if not episode_s:
         return most
     cover = max(_RESERVE_S, 2 * refill_s) if refill_s else _RESERVE_S
-    by_rate = min(most, math.ceil(concurrency * cover / episode_s))
-    return max(by_rate, min(burst, concurrency))
+    return min(most, math.ceil(concurrency * cover / episode_s))
 
 
 def send_limits(concurrency: int, chunk: int, waiting: int) -> tuple[int, int]:
@@ -99,33 +87,15 @@ def refill_lag(summaries: list[dict[str, Any]], now: float) -> float | None:
     return min(10.0, max(0.0, sum(lags) / len(lags)))
 
 
-def burst(ends: list[float], window_s: float) -> int:
-    """The most of ``ends`` (times) within any ``window_s`` seconds.
-
-    >>> burst([0.0, 0.01, 0.02, 1.0, 2.0], 0.1)
-    3
-    """
-    times = sorted(ends)
-    most, first = 0, 0
-    for last, end in enumerate(times):
-        while end - times[first] > window_s:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
-
-
 class Refill:
     """What the reserve is sized from, measured from the rows as they reach the engine:
-    the mean episode time and refill lag (recent rows weigh more), and the loop ends of the
-    last few rounds of slots, where bursts are sought."""
+    the mean episode time and refill lag (recent rows weigh more)."""
 
     def __init__(self, concurrency: int, num_workers: int) -> None:
         self.concurrency = concurrency
         self.num_workers = num_workers
         self.episode_s: float | None = None
         self.refill_s: float | None = None
-        self.ends: collections.deque[float] = collections.deque(maxlen=_ENDS_KEPT * concurrency)
-        self.burst = 0
 
     def observe(self, summaries: list[dict[str, Any]], now: float) -> None:
         """Take in a batch of finished episodes' summaries (their ``metrics``)."""
@@ -136,14 +106,7 @@ class Refill:
         lag = refill_lag(summaries, now)
         if lag is not None:
             self.refill_s = lag if self.refill_s is None else 0.8 * self.refill_s + 0.2 * lag
-        ends = [end for end in (loop_end(s["metrics"]) for s in summaries) if end is not None]
-        if ends:
-            self.ends.extend(ends)
-            window = max(_RESERVE_S, 2 * self.refill_s) if self.refill_s else _RESERVE_S
-            self.burst = burst(list(self.ends), window)
 
     def reserve(self) -> int:
         """The reserve now (``reserve``)."""
-        return reserve(
-            self.concurrency, self.num_workers, self.episode_s, self.refill_s, self.burst
-        )
+        return reserve(self.concurrency, self.num_workers, self.episode_s, self.refill_s)
