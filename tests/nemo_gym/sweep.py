@@ -4,6 +4,10 @@ Run as a script (not a pytest test), from the repository root, in rayrollout's v
 
     python tests/nemo_gym/sweep.py [--only NAME,...] [--out FILE.json] [--batch N]
 
+The latest summary of a whole sweep is kept beside this file, in ``sweep_result.json``
+(``python tests/nemo_gym/sweep.py --batch 8 > tests/nemo_gym/sweep_result.json``), and
+the NeMo Gym how-to page gives its figures.
+
 1. Every resources server in the unpacked wheel is classified from its own config block,
    its code and its requirements: it needs an LLM judge (or another model server), the
    network or an outside service (API keys, containers, downloads at run time), or a GPU;
