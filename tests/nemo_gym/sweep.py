@@ -4,6 +4,10 @@ Run as a script (not a pytest test), from the repository root, in rayrollout's v
 
     python tests/nemo_gym/sweep.py [--only NAME,...] [--out FILE.json] [--batch N]
 
+The latest summary of a whole sweep is kept beside this file, in ``sweep_result.json``
+(``python tests/nemo_gym/sweep.py --batch 8 > tests/nemo_gym/sweep_result.json``), and
+the NeMo Gym how-to page gives its figures.
+
 1. Every resources server in the unpacked wheel is classified from its own config block,
    its code and its requirements: it needs an LLM judge (or another model server), the
    network or an outside service (API keys, containers, downloads at run time), or a GPU;
@@ -14,10 +18,13 @@ Run as a script (not a pytest test), from the repository root, in rayrollout's v
    (``ngrun.NemoGymRun``); rayrollout plays each server's own ``data/example.jsonl`` against
    it with the scripted policy double, one Ray + Serve + policy for the whole sweep and one
    ``RolloutEngine`` per batch, reading rows exactly as ``collect --env NAME --env-url
-   NAME=URL`` does.
+   NAME=URL`` does, with the agent the docs tell a user to pass: ``reset_step`` for a
+   GymnasiumServer (``/reset``, ``/step``) and for rows whose first observation is the
+   server's, the default tool loop otherwise.
 4. Per server it records rows read and refused by the task reader, episode statuses and
    every protocol error: a 4xx/5xx answer to ``/seed_session``, ``/verify`` or
-   ``/close_session`` or a 5xx from a tool route (from the server's own access log), and the
+   ``/close_session`` (a GymnasiumServer's: ``/reset``, ``/step``, ``/close``, less the 404s
+   its protocol calls for) or a 5xx from a tool route (from the server's own access log), and the
    episodes' ``error``/``close_error`` texts. The JSON summary goes to stdout (and --out).
    (ng_run merges its servers' output, so now and then an access line loses its server
    prefix: access counts are a lower bound; the episodes' errors name every failed call.)
@@ -47,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ngrun import free_port  # noqa: E402
 from sweep_classify import SERVERS_DIR, Server, classify, find_block  # noqa: E402
 from sweep_play import Sweep  # noqa: E402
-from sweep_probe import PROTOCOL, probe_import  # noqa: E402
+from sweep_probe import probe_import, protocol_routes  # noqa: E402
 
 BATCH = 12
 # Small PyPI requirements of offline servers pip-installed into .venv-nemo-gym for this
@@ -60,6 +67,11 @@ INSTALLED = [
     "openapi-schema-validator==0.6.3 (terminal_multi_harness)",
     "gymnasium==1.1.1 (grl_tetris, tales)",
     "assaybench==0.2.0 (assaybench)",
+    "gym-sokoban==0.0.6 (grl_sokoban; brings gym)",
+    "reasoning-gym>=0.1.19 (reasoning_gym)",
+    "rdkit==2025.9.6 (fukuyamabench, moldetox)",
+    "safe-mol==0.2.1 (moldetox; brings datamol and a Jupyter stack)",
+    "beside .ci/nemo_gym's own additions for toolsandbox (polars-lts-cpu, rouge-score, ...)",
 ]
 
 
@@ -88,10 +100,11 @@ def reason_not_clean(server: Server) -> str | None:
 
 def tool_4xx(server: Server) -> dict[str, dict[str, int]]:
     """4xx answers of tool routes: not protocol errors, the model reads them as tool errors."""
+    routes = protocol_routes(server)
     return {
         f"/{route}": codes
         for route, codes in server.access.items()
-        if route not in PROTOCOL and any(code.startswith("4") for code in codes)
+        if route not in routes and any(code.startswith("4") for code in codes)
     }
 
 
@@ -123,6 +136,7 @@ def summary(servers: list[Server], seconds: float) -> dict[str, Any]:
             for n in s.notes
             if n.startswith("allowed_agents")
         },
+        "played_with_reset_step": [s.name for s in started if s.agent],
         "installed_into_nemo_gym_venv": INSTALLED,
         "clean": [s.name for s in servers if reason_not_clean(s) is None],
     }

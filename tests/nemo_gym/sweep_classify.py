@@ -51,10 +51,9 @@ NOT_SERVER_CODE = re.compile(
     r"(^|/)(tests?|scripts|misc|data)/|(^|/)(conftest|prepare_\w*|generate_\w*|create_\w*|"
     r"\w*preprocess\w*|gen_eval\w*|seed_prompt\w*|\w*_test_prep)\.py$"
 )
-# Small PyPI requirements of offline servers pip-installed into .venv-nemo-gym for this
-# sweep (not among nemo-gym 0.7.0's own dependencies); the sweep does not install them.
 # Harness protocols other than the resources-server one rayrollout speaks.
 OTHER_PROTOCOL = re.compile(r"class \w+\((GymnasiumServer)\)")
+RESET_STEP = "reset_step"  # the agent that plays them (and rows whose server opens them)
 
 
 @dataclass
@@ -68,6 +67,11 @@ class Server:
     top: str = ""  # the block's top-level name (ng_run's process name)
     placeholders: list[str] = field(default_factory=list)  # unused model refs to satisfy
     notes: list[str] = field(default_factory=list)
+    # The rayrollout agent its rows are played with, as the docs tell a user: "reset_step"
+    # for a GymnasiumServer (/reset, /step) and for rows the server opens (/seed_session's
+    # first observation); "" for the run's default (the tool loop).
+    agent: str = ""
+    gymnasium: bool = False  # a GymnasiumServer: /reset, /step, /close, no /seed_session
     started: bool | None = None
     not_started: str = ""
     rows: int = 0
@@ -231,6 +235,7 @@ def classify(name: str) -> Server:
     if allowed:
         server.notes.append(f"allowed_agents: {', '.join(map(str, allowed))}")
     if any(OTHER_PROTOCOL.search(text) for text in code.values()):
+        server.agent, server.gymnasium = RESET_STEP, True
         server.notes.append(
             "a GymnasiumServer: it serves /reset and /step (gymnasium_agent's protocol), not "
             "/seed_session + tools + /verify"

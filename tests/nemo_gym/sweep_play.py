@@ -3,7 +3,9 @@
 The importable servers are started in batches by NeMo Gym's own ``ng_run``; rayrollout plays
 each server's own ``data/example.jsonl`` against it with the scripted policy double, one Ray
 + Serve + policy for the whole sweep and one ``RolloutEngine`` per batch, and records per
-server the rows read and refused, episode statuses and every protocol error.
+server the rows read and refused, episode statuses and every protocol error. Each row is
+played by the agent the docs tell a user to pick: ``reset_step`` for a GymnasiumServer and
+for rows whose first observation is the server's, the default tool loop otherwise.
 """
 
 from __future__ import annotations
@@ -13,21 +15,37 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ngrun import NemoGymRun, free_port
-from sweep_classify import SERVERS_DIR, Server
+from sweep_classify import RESET_STEP, SERVERS_DIR, Server
 from sweep_probe import (
     HTTP_ERROR,
-    PROTOCOL,
     SweepRun,
     access_log,
+    expected_answer,
     failed_process,
     offline_env,
+    protocol_routes,
     server_blocks,
     start_failure,
     stub_model_block,
 )
+
+if TYPE_CHECKING:
+    from rayrollout.data.schema import Task
+
+
+def played_by(server: Server, task: Task) -> Task:
+    """The task with the agent the docs tell a user to pass for it.
+
+    ``reset_step`` for a reset/step server or a row whose first observation is the
+    server's; otherwise unchanged (the run's default tool loop).
+    """
+    if server.agent or task.opening == "seed_session":
+        server.agent = RESET_STEP
+        return task.model_copy(update={"agent": RESET_STEP})
+    return task
 
 
 class Sweep:
@@ -131,7 +149,7 @@ class Sweep:
                 check_environment=lambda env, name=server.name: env == name,
                 on_invalid=lambda exc, raw, out=refused: out.append(str(exc)),
             ):
-                tasks.append(task)
+                tasks.append(played_by(server, task))
                 server.read += 1
             server.refused = refused
         if not tasks:
@@ -163,13 +181,18 @@ class Sweep:
             if server.started is False:
                 continue
             server.access = counts.get(server.top, {})
+            routes = protocol_routes(server)
             for route, statuses in server.access.items():
                 for status, n in statuses.items():
                     code = int(status)
-                    if (route in PROTOCOL and code >= 400) or code >= 500:
+                    if expected_answer(server, route, status):
+                        continue
+                    if (route in routes and code >= 400) or code >= 500:
                         server.protocol_errors.append(f"POST /{route} -> {status} x{n}")
             for text in server.errors + server.close_errors:
                 for status, route in HTTP_ERROR.findall(text):
+                    if expected_answer(server, route, status):
+                        continue
                     note = f"POST /{route} -> {status} (episode error)"
                     logged = server.access.get(route, {}).get(status)
                     if not logged and note not in server.protocol_errors:

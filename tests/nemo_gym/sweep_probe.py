@@ -22,6 +22,21 @@ from sweep_classify import SERVERS_DIR, Server, requirements
 
 IMPORT_TIMEOUT_S = 120
 PROTOCOL = ("seed_session", "verify", "close_session")
+# A GymnasiumServer's routes: /reset, /step, /close. Its 404 to /seed_session is how the
+# episode finds its kind, and a 404 to /close (where reset's info does not offer it) is
+# allowed by its protocol: neither is a protocol error.
+GYMNASIUM_PROTOCOL = (*PROTOCOL, "reset", "step", "close")
+GYMNASIUM_EXPECTED = frozenset({("seed_session", "404"), ("close", "404")})
+
+
+def protocol_routes(server: Server) -> tuple[str, ...]:
+    """The routes whose 4xx answers are protocol errors for this server's kind."""
+    return GYMNASIUM_PROTOCOL if server.gymnasium else PROTOCOL
+
+
+def expected_answer(server: Server, route: str, status: str) -> bool:
+    """A 4xx the server's protocol itself calls for (not an error)."""
+    return server.gymnasium and (route, status) in GYMNASIUM_EXPECTED
 
 
 def _local_addresses() -> list[str]:
