@@ -7,7 +7,9 @@ its registered name or a ``module:Class`` path; an unknown name is an input erro
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -205,7 +207,6 @@ def env_serve(
     simple_agent and ng_collect_rollouts send none, so ng_run starts it with --no-auth
     (see docs/how-to/nemo-gym.md).
     """
-    import os
     import time
 
     import ray
@@ -264,12 +265,34 @@ def env_serve(
             time.sleep(3600)
     except KeyboardInterrupt:
         if started_ray:
-            # The Ray this command started goes with it, and Serve in it: ray.shutdown ends
-            # every daemon now (measured 1.4 s), where waiting on serve.delete first left
-            # Ray's dashboard agent orphaned when the supervisor's SIGKILL came.
+            # The Ray this command started goes with it, and Serve in it. ray.shutdown stops
+            # its daemons one by one (1.4 s measured, more on a busy machine), and those it
+            # had not stopped when the supervisor's SIGKILL came a second later stayed up
+            # (gcs_server, log_monitor, ...): they are killed at once first.
+            _kill_descendants(os.getpid())
             ray.shutdown()
         else:
             serve.delete(environment_app_name(namespace, spec.name))
+
+
+def _kill_descendants(pid: int) -> None:
+    """SIGKILL every process below ``pid`` (Linux: read from /proc; elsewhere nothing)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # pid (comm) state ppid ...: comm may hold spaces or parentheses
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        parents.setdefault(int(fields[1]), []).append(int(entry.parent.name))
+    below, stack = [], list(parents.get(pid, []))
+    while stack:
+        child = stack.pop()
+        below.append(child)
+        stack += parents.get(child, [])
+    for child in below:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(child, signal.SIGKILL)
 
 
 def _serve_token(token_file: Path | None, name: str, port: int) -> tuple[Any, str]:
