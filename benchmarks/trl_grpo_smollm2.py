@@ -29,11 +29,16 @@ runs the same model and batch with TRL's own generation (``use_vllm=False``, no
 the per-step reward of several runs into a PNG.
 
     PY=/path/to/.venv-trainers-trl/bin/python
-    $PY benchmarks/trl_grpo_smollm2.py --seed 0 --out /tmp/trl-smollm2/seed-0.jsonl
-    $PY benchmarks/trl_grpo_smollm2.py --seed 0 --trl-generation --steps 2 \\
-        --out /tmp/trl-smollm2/trl-generation.jsonl
-    $PY benchmarks/trl_grpo_smollm2.py --plot /tmp/trl-smollm2/seed-*.jsonl \\
-        --png docs/trl_grpo_smollm2_reward.png
+    $PY benchmarks/trl_grpo_smollm2.py --seeds 0 1 --steps 15 --margin 0.1 \\
+        --vllm-python .venv-vllm/bin/python --out-dir /tmp/trl-smollm2/runs
+    $PY benchmarks/trl_grpo_smollm2.py --seeds 0 --steps 2 --trl-generation \\
+        --out-dir /tmp/trl-smollm2/runs
+    .venv-vllm/bin/python benchmarks/trl_grpo_smollm2.py --plot /tmp/trl-smollm2/runs/*.jsonl \\
+        --png docs/trl_grpo_smollm2_reward.png --results benchmarks/results/trl_grpo_smollm2.json
+
+Over 400 lines but one job, one measured run a reader follows top to bottom: the engine's
+host process, TRL's trainer around it, the held-out evaluation, and the plot and results of
+the runs it wrote.
 """
 
 from __future__ import annotations
