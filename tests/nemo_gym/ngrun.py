@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NG_VENV = Path(os.environ.get("NEMO_GYM_VENV", ROOT / ".venv-nemo-gym"))
 NG_SRC = NG_VENV / "src"
 READY = re.compile(r"All \d+ / \d+ servers ready")
+FINISHED = "NeMo Gym finished!"  # ng_run's line once every server it started has ended
 LEFTOVER_GRACE_S = 15.0
 READY_TIMEOUT_S = 300.0  # measured 10-12 s for three servers on an idle machine; loads of 20+ here
 # Ray's own start-up limit (30 s for its raylet, fixed in Ray) is what ng_run's Ray misses on an
@@ -104,7 +105,7 @@ class NemoGymRun:
     uv is not on this machine, so every server's per-server venv is a symlink to the one
     venv NeMo Gym is installed in (``+skip_venv_if_present``). ``RAY_ADDRESS=local`` keeps
     ng_run off any Ray the test session started. Stopping sends SIGINT (ng_run's graceful
-    shutdown), then ends whatever is left in the session by PID.
+    shutdown), then ends whatever is left in the session by PID (``stop``).
     """
 
     def __init__(
@@ -122,6 +123,7 @@ class NemoGymRun:
         self.log_path = workdir / "ng_run.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.leftovers: dict[int, str] = {}
+        self.watched: set[int] = set()
 
     def _venv_links(self) -> Path:
         venvs = self.workdir / "venvs"
@@ -197,20 +199,34 @@ class NemoGymRun:
             time.sleep(0.2)
         return int(found.group(1))
 
+    def watch(self, pids: set[int]) -> set[int]:
+        """Have ``stop`` give these processes (a test's own servers and their children)
+        ``LEFTOVER_GRACE_S`` to end after ng_run's shutdown; returns them."""
+        self.watched |= pids
+        return pids
+
     def stop(self) -> None:
+        """SIGINT (ng_run's graceful shutdown), then what is left of the session recorded in
+        ``leftovers`` and killed.
+
+        ng_run prints ``NeMo Gym finished!`` once every server it started has ended, then
+        shuts down its own Ray, which can take a minute: the wait ends at that line. Only the
+        processes a test ``watch``es get the grace to end on their own; the rest of the
+        session is killed at once (a minute or more per ng_run otherwise, in every test).
+        """
         if self.process is None:
             return
         sid = self.process.pid
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                pass
-        # What ng_run's own shutdown left behind (tests assert on it), then ended here.
+            deadline = time.monotonic() + 60
+            while self.process.poll() is None and time.monotonic() < deadline:
+                if FINISHED in self.log():
+                    break
+                time.sleep(0.2)
         # Daemons that watch their parent (Ray's) take a few seconds to notice it is gone.
         deadline = time.monotonic() + LEFTOVER_GRACE_S
-        while _session_pids(sid) and time.monotonic() < deadline:
+        while self.watched & set(_session_pids(sid)) and time.monotonic() < deadline:
             time.sleep(0.5)
         self.leftovers = {pid: _command(pid) for pid in _session_pids(sid)}
         for pid in _session_pids(sid):
@@ -218,8 +234,7 @@ class NemoGymRun:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        if self.process.poll() is None:
-            self.process.wait(timeout=10)
+        self.process.wait(timeout=10)
         self.process = None
 
     def __enter__(self) -> NemoGymRun:

@@ -117,7 +117,8 @@ def test_collect_plays_every_row_with_nemo_gyms_simple_agent(serve_session, ng_s
     out = tmp_path / "run"
     try:
         run.start()
-        ours = descendants(run.server_pid("rayrollout_weather"))  # env serve and its Ray
+        # env serve and its Ray: stop() gives them time to end on their own
+        ours = run.watch(descendants(run.server_pid("rayrollout_weather")))
         collected = CliRunner().invoke(
             cli_app,
             [

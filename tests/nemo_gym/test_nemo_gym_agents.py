@@ -129,7 +129,8 @@ def test_ng_collect_rollouts_plays_a_rayrollout_environment_with_simple_agent(
     try:
         run.start()
         _wait_until_deployed(f"http://127.0.0.1:{port}/")
-        ours = descendants(run.server_pid(f"rayrollout_{environment}"))  # env serve, its Ray
+        # env serve and its Ray: stop() gives them time to end on their own
+        ours = run.watch(descendants(run.server_pid(f"rayrollout_{environment}")))
         output = tmp_path / "rollouts.jsonl"
         collected = subprocess.run(
             [
