@@ -12,7 +12,14 @@ from rayrollout.data.schema import Trajectory
 from rayrollout.data.tasks import parse_task_row
 from rayrollout.engine.chunks import ChunkRows
 from rayrollout.engine.episode import EpisodeSpec
-from rayrollout.engine.feeding import Refill, reserve, send_limits
+from rayrollout.engine.feeding import (
+    Refill,
+    reserve,
+    send_limits,
+    worker_limits,
+    worker_share,
+    worker_with_room,
+)
 from rayrollout.engine.worker import WorkerRunner
 
 
@@ -151,3 +158,23 @@ def test_a_batch_is_sent_while_the_workers_still_hold_their_reserve(chunk, waiti
     most, batch = send_limits(32, chunk, waiting)
     assert 1 <= batch <= min(chunk, waiting)
     assert most - batch == 32 + waiting
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "workers", "chunk", "waiting"),
+    [(32, 2, 8, 16), (32, 2, 8, 3), (33, 4, 4, 7), (256, 8, 16, 128)],
+)
+def test_the_feeder_fills_every_worker_alike(concurrency, workers, chunk, waiting):
+    """Batches go to the worker with the most room until none has room: each then holds its
+    share of ``concurrency`` and the same part of the reserve (less than a batch apart), so no
+    worker's slots wait for a refill while another holds episodes they could have run."""
+    limits = [worker_limits(concurrency, workers, i, chunk, waiting) for i in range(workers)]
+    batch = limits[0][1]
+    loads = [0] * workers
+    while (index := worker_with_room([most for most, _ in limits], loads, batch)) is not None:
+        loads[index] += batch
+    shares = [worker_share(concurrency, workers, i) for i in range(workers)]
+    waiting_each = [load - share for load, share in zip(loads, shares, strict=True)]
+    assert min(waiting_each) >= 1  # every worker has a next episode ready
+    # Counted over all workers, the first fill left one worker a whole batch ahead.
+    assert max(waiting_each) - min(waiting_each) < batch

@@ -3,11 +3,12 @@
 Named ``engine`` in the run's namespace, so drivers and training loops find it with
 ``ray.get_actor("engine", namespace=NS)``. Work arrives through ``submit`` (which waits while
 the queue is full: backpressure, not timeouts); a feeder takes chunks off the queue while
-fewer than ``concurrency`` episodes plus the workers' ``reserve`` are out, and sends each to
-the least-loaded worker in one Ray call. The worker streams a chunk's rows back as its
-episodes finish (a Ray streaming generator), so a slow episode never holds its chunk's
-finished slots; each batch goes to the writer as it arrives. If the worker dies, only the
-episodes it had not yet handed back are sent again, so no row is written twice. Nothing is
+each worker holds fewer than its share of ``concurrency`` plus its part of the ``reserve``,
+and sends each to the worker with the most room in one Ray call. The worker streams a
+chunk's rows back as its episodes finish (a Ray streaming generator), so a slow episode
+never holds its chunk's finished slots; each batch goes to the writer as it arrives. If the
+worker dies, only the episodes it had not yet handed back are sent again, so no row is
+written twice. Nothing is
 kept per task beyond the episodes in flight (their specs, and a ``generate`` call's waiter)
 and ``next_sample``'s digests, so a run's memory does not grow with its task set.
 
@@ -37,7 +38,7 @@ from rayrollout.data.writer import PartWriter, make_sink
 from rayrollout.engine.chunks import ChunkRows
 from rayrollout.engine.deploy import EnvironmentDeployer
 from rayrollout.engine.episode import EpisodeSpec, failed_trajectory
-from rayrollout.engine.feeding import Refill, chunk_size, send_limits
+from rayrollout.engine.feeding import Refill, chunk_size, worker_limits, worker_with_room
 from rayrollout.engine.figures import RunSnapshot
 from rayrollout.engine.groups import SamplingCounts
 from rayrollout.engine.metrics import RunMetrics
@@ -263,34 +264,36 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         return table.take(keep)
 
     async def _feed(self) -> None:
-        """Send queued episodes to the least-loaded worker while fewer than ``concurrency``
-        plus the workers' reserve are out (``_limits``)."""
+        """Send queued episodes to the worker with the most room, in batches, while each
+        worker holds fewer than its share of ``concurrency`` plus its part of the reserve
+        (``worker_limits``)."""
         while True:
             chunk = [await self.queue.get()]
-            await self._room_for(chunk)
             # A whole batch when the queue has one (one Ray call for more episodes), even if
             # that waits for room: the workers hold their reserve meanwhile.
-            while len(chunk) < self._limits()[1] and not self.queue.empty():
+            index, size = await self._worker_with_room(chunk)
+            while len(chunk) < size:
                 chunk.append(self.queue.get_nowait())
-                await self._room_for(chunk)
-            index = min(range(len(self.workers)), key=self.load.__getitem__)
             self.load[index] += len(chunk)
             self.run_stats.in_flight += len(chunk)
             call = asyncio.create_task(self._run_chunk(index, chunk))
             self.calls.add(call)
             call.add_done_callback(self.calls.discard)
 
-    def _limits(self) -> tuple[int, int]:
-        """(most episodes out at once, episodes per worker call): ``send_limits`` now."""
-        return send_limits(
-            self.config.concurrency,
-            self.chunk,
-            self.refill.reserve(),
-        )
-
-    async def _room_for(self, chunk: list[EpisodeSpec]) -> None:
-        """Wait until ``chunk`` fits beside the episodes already out."""
-        while self.run_stats.in_flight + len(chunk) > self._limits()[0]:
+    async def _worker_with_room(self, chunk: list[EpisodeSpec]) -> tuple[int, int]:
+        """(the worker to send to, how many episodes to send it): waits until a worker has
+        room for a batch, or for all that is queued when that is less (``worker_with_room``).
+        Only the feeder takes from the queue, so the episodes counted here are still there."""
+        while True:
+            reserve, workers = self.refill.reserve(), len(self.workers)
+            concurrency = self.config.concurrency
+            limits = [
+                worker_limits(concurrency, workers, i, self.chunk, reserve) for i in range(workers)
+            ]
+            size = min(limits[0][1], len(chunk) + self.queue.qsize())
+            index = worker_with_room([most for most, _ in limits], self.load, size)
+            if index is not None:
+                return index, size
             self.room.clear()
             await self.room.wait()
 

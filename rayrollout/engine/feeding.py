@@ -4,8 +4,8 @@ The engine sends episodes to workers ahead of need (a reserve waiting in the wor
 ``concurrency``), so that a slot freed at the end of an episode starts the next one at once
 instead of after a refill: the row scored, built and sent to the engine, the freed room
 seen, the next batch sent back. ``Refill`` keeps what the reserve is sized from (the run's
-episode time and the refill lag), measured from the rows as they arrive; ``send_limits``
-turns a reserve into the feeder's two limits.
+episode time and the refill lag), measured from the rows as they arrive; ``worker_limits``
+turns a reserve into the feeder's two limits for one worker.
 """
 
 from __future__ import annotations
@@ -14,6 +14,11 @@ import math
 from typing import Any
 
 _RESERVE_S = 0.1  # the least round trip a worker's reserve covers
+
+
+def worker_share(concurrency: int, num_workers: int, index: int) -> int:
+    """Episodes the i-th worker may run at once: the shares add up to ``concurrency``."""
+    return max(1, concurrency // num_workers + (1 if index < concurrency % num_workers else 0))
 
 
 def chunk_size(concurrency: int, num_workers: int) -> int:
@@ -67,6 +72,43 @@ def send_limits(concurrency: int, chunk: int, waiting: int) -> tuple[int, int]:
     """
     batch = min(chunk, waiting)
     return concurrency + waiting + batch, batch
+
+
+def worker_limits(
+    concurrency: int, num_workers: int, index: int, chunk: int, waiting: int
+) -> tuple[int, int]:
+    """(most episodes out at worker ``index`` at once, episodes per call to it), for a
+    reserve of ``waiting`` over all workers: each worker holds its share of ``concurrency``
+    and an equal part of the reserve (``send_limits``).
+
+    Per worker, because an episode waiting in one worker cannot move to another's free
+    slot. Counted over all workers, the first batches (whole chunks, to the least-loaded
+    worker) left one worker holding a chunk more than the other: its slots ran a wave ahead
+    while the other's sat empty until a refill, and to the end of the run one worker had
+    more episodes than the other, so the policy ran the last wave of a collect short.
+
+    >>> worker_limits(32, 2, 0, 8, 2)  # a quick refill: one more waiting in each worker
+    (18, 1)
+    >>> worker_limits(32, 2, 1, 8, 16)  # before the first rows: a chunk waiting in each
+    (32, 8)
+    """
+    own = -(-waiting // num_workers)
+    return send_limits(worker_share(concurrency, num_workers, index), chunk, own)
+
+
+def worker_with_room(limits: list[int], loads: list[int], batch: int) -> int | None:
+    """The worker to send a batch of ``batch`` episodes to: the one with the most room
+    (``limits``, from ``worker_limits``, less the episodes it holds), or None while none
+    has room for the batch. Ties go to the lowest index.
+
+    >>> worker_with_room([32, 32], [8, 0], 8)
+    1
+    >>> worker_with_room([18, 18], [17, 18], 2) is None
+    True
+    """
+    rooms = [most - load for most, load in zip(limits, loads, strict=True)]
+    index = max(range(len(rooms)), key=rooms.__getitem__)
+    return index if rooms[index] >= batch else None
 
 
 def loop_end(metrics: dict[str, Any]) -> float | None:

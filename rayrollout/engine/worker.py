@@ -25,6 +25,7 @@ from rayrollout.agent.registry import agent_spec
 from rayrollout.data.config import RunConfig
 from rayrollout.engine.chunks import ChunkRows
 from rayrollout.engine.episode import EpisodeSpec, failed_trajectory, run_episode
+from rayrollout.engine.feeding import worker_share
 from rayrollout.environment import Environment
 from rayrollout.environment.nemo_gym.client import NemoGymConnections, RemoteEnvironment
 from rayrollout.environment.registry import environment_spec
@@ -52,11 +53,6 @@ _LINGER_S = 0.005  # episodes of a chunk finishing this close together go back a
 def worker_name(index: int) -> str:
     """Actor name of the i-th worker in a run's namespace."""
     return f"{WORKER_PREFIX}{index}"
-
-
-def worker_share(concurrency: int, num_workers: int, index: int) -> int:
-    """Episodes the i-th worker may run at once: the shares add up to ``concurrency``."""
-    return max(1, concurrency // num_workers + (1 if index < concurrency % num_workers else 0))
 
 
 class RunningSlot:
