@@ -99,6 +99,15 @@ def _command(pid: int) -> str:
         return f"pid {pid} (gone)"
 
 
+def _default_sigint() -> None:
+    """In ng_run's process before it starts: SIGINT back to its default. A shell ignores
+    SIGINT in the commands it starts in the background (``pytest ... &``), the ignoring is
+    inherited through exec, and a Python started with SIGINT ignored never raises
+    KeyboardInterrupt: ng_run then slept through ``stop``'s SIGINT, was killed a minute later
+    without shutting its servers down, and the Ray of ``rayrollout env serve`` outlived it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class NemoGymRun:
     """NeMo Gym's ``ng_run`` serving the given config blocks, in a session of its own.
 
@@ -174,6 +183,7 @@ class NemoGymRun:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_default_sigint,
         )
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
