@@ -67,6 +67,7 @@ from vllm_counters import (  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 _KEY_ENV = "RAYROLLOUT_BENCH_POLICY_TOKEN"  # where the engine's driver finds the policy key
 _SIDES = ("vllm", "rayrollout")
+_WORKERS = 2  # the engine's worker actors
 
 
 def math_tasks(n: int) -> list[dict[str, Any]]:
@@ -150,6 +151,7 @@ def run_rounds(
     from rayrollout.environments.math.env import MathEnv
 
     from rayrollout import RolloutEngine, RunConfig
+    from rayrollout.engine.feeding import chunk_size
     from rayrollout.policy.tokens import chat_template_tokenizer
 
     sampling = {
@@ -200,7 +202,7 @@ def run_rounds(
                     "timeout_s": 600,
                     "extra_body": {"ignore_eos": True, "min_tokens": max_tokens},
                 },
-                "workers": {"num_workers": 2},
+                "workers": {"num_workers": _WORKERS},
                 "episode": {"max_turns": 1},
                 "output": {"dir": out},
                 "ray": {"serve_port": serve_port},
@@ -208,8 +210,10 @@ def run_rounds(
         )
         with RolloutEngine(run_config) as engine:
             engine.start()
-            # Warm-up: both paths once, small.
-            warm = min(8, episodes)
+            # Warm-up: both paths once, small, but a batch for every worker: a worker's first
+            # episodes load its environment (the math verifier's sympy, a second of CPU in a
+            # thread), and a worker the warm-up missed paid it inside the first round.
+            warm = min(_WORKERS * chunk_size(concurrency, _WORKERS), episodes)
             counters = snapshot()
             asyncio.run(bare_client(base_url, model, prompt_ids[:warm], bare_sampling, warm, token))
             engine.collect([{**t, "task_id": f"{t['task_id']}-warm"} for t in tasks[:warm]])
