@@ -55,7 +55,10 @@ def _ng_config(environment: str, env_port: int, agent_port: int, front_port: int
 
 
 def _port_is_free(port: int) -> bool:
+    """Whether nothing listens on 127.0.0.1:``port``. SO_REUSEADDR, so that the front's
+    closed connections (TIME_WAIT, a minute on Linux) do not count as the front."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
