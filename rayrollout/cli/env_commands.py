@@ -275,22 +275,29 @@ def env_serve(
             serve.delete(environment_app_name(namespace, spec.name))
 
 
-def _kill_descendants(pid: int) -> None:
-    """SIGKILL every process below ``pid`` (Linux: read from /proc; elsewhere nothing)."""
-    parents: dict[int, list[int]] = {}
+def descendants(pid: int) -> set[int]:
+    """PIDs of every living process below ``pid`` (Linux: read from /proc; elsewhere none).
+    The nemo_gym tier's harness uses it too, to name the processes ``env serve`` started."""
+    children: dict[int, list[int]] = {}
     for entry in Path("/proc").glob("[0-9]*/stat"):
         try:
             # pid (comm) state ppid ...: comm may hold spaces or parentheses
-            fields = entry.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+            ppid = int(entry.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue  # ended meanwhile
-        parents.setdefault(int(fields[1]), []).append(int(entry.parent.name))
-    below, stack = [], list(parents.get(pid, []))
-    while stack:
-        child = stack.pop()
-        below.append(child)
-        stack += parents.get(child, [])
-    for child in below:
+        children.setdefault(ppid, []).append(int(entry.parent.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _kill_descendants(pid: int) -> None:
+    """SIGKILL every process below ``pid``."""
+    for child in descendants(pid):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(child, signal.SIGKILL)
 

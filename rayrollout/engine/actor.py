@@ -8,9 +8,9 @@ and sends each to the worker with the most room in one Ray call. The worker stre
 chunk's rows back as its episodes finish (a Ray streaming generator), so a slow episode
 never holds its chunk's finished slots; each batch goes to the writer as it arrives. If the
 worker dies, only the episodes it had not yet handed back are sent again, so no row is
-written twice. Nothing is
-kept per task beyond the episodes in flight (their specs, and a ``generate`` call's waiter)
-and ``next_sample``'s digests, so a run's memory does not grow with its task set.
+written twice. Nothing is kept per task beyond the episodes in flight (their specs, and a
+``generate`` call's waiter) and ``next_sample``'s digests, so a run's memory does not grow
+with its task set.
 
 The actor's other two jobs have their own modules: the training-loop methods (``generate``,
 ``pause``, ``resume``, ``update_weights``, ``stats``) in ``training``, and putting

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 from aiohttp import web
-from ngrun import NemoGymRun, descendants, free_port
+from ngrun import NemoGymRun, free_port
 from typer.testing import CliRunner
 
 from rayrollout import read_trajectories
@@ -27,6 +27,7 @@ from rayrollout.agent.gateway_front import (
     KEY_FIELD,
 )
 from rayrollout.cli.commands import app as cli_app
+from rayrollout.cli.env_commands import descendants
 from rayrollout.environment.nemo_gym.config import nemo_gym_root
 
 ROOT = Path(__file__).resolve().parents[2]

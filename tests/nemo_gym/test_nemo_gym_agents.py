@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
-from ngrun import NG_VENV, NemoGymRun, descendants, free_port
+from ngrun import NG_VENV, NemoGymRun, free_port
 from ray import serve
 from typer.testing import CliRunner
 
 from rayrollout.cli.commands import app as cli_app
+from rayrollout.cli.env_commands import descendants
 from rayrollout.environment.nemo_gym.config import nemo_gym_root
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,10 +17,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from ngrun import NemoGymRun, descendants, free_port, resources_server_block
+from ngrun import NemoGymRun, free_port, resources_server_block
 from typer.testing import CliRunner
 
 from rayrollout.cli.commands import app as cli_app
+from rayrollout.cli.env_commands import descendants
 
 SERVERS = ("example_single_tool_call", "example_multi_step", "math_with_code")
 
