@@ -170,7 +170,8 @@ def cpu_by_part(root: int) -> dict[str, float]:
     actor: environment replicas, for one). ``ray``: Ray's and Serve's own processes (GCS,
     raylet, Serve's controller, the dashboard agent that exports metrics, idle workers). A
     process takes the part of its nearest ancestor (itself included) whose command line
-    names one.
+    names one. Also the whole machine's figures (``machine_cpu``), for ``cpu_delta``'s
+    ``outside`` and ``steal``.
     """
     parents: dict[int, int] = {}
     cpu: dict[int, float] = {}
@@ -197,7 +198,19 @@ def cpu_by_part(root: int) -> dict[str, float]:
             node = parents.get(node, 0)
         if node == root:
             parts[part or ("driver" if pid == root else "ray")] += seconds
-    return parts
+    return {**parts, **machine_cpu()}
+
+
+def machine_cpu() -> dict[str, float]:
+    """The machine's busy CPU seconds so far (all processes, the kernel's included) and the
+    seconds its hypervisor gave to other guests (``steal``), from ``/proc/stat``."""
+    with open("/proc/stat") as file:
+        ticks = [int(t) for t in file.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (ticks + [0] * 8)[:8]
+    return {
+        "machine_busy": (user + nice + system + irq + softirq) / _CLOCK_TICKS,
+        "steal": steal / _CLOCK_TICKS,
+    }
 
 
 VLLM_PARTS = ("proxy", "ingress", "server", "engine_core", "worker")
@@ -229,8 +242,14 @@ def _part_of(command: str) -> str | None:
 
 def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """CPU seconds per part between two ``cpu_by_part`` snapshots, with vLLM's parts summed
-    as ``vllm`` and the client's as ``client``."""
+    as ``vllm`` and the client's as ``client``; ``outside``: the machine's busy CPU that no
+    live process of the tree used (other work on the machine, processes that ended), and
+    ``steal``: time the hypervisor ran other guests. Either large in one round says the
+    machine, not a client, slowed it."""
     delta = {part: round(after[part] - before[part], 2) for part in after}
+    busy = delta.pop("machine_busy")
     delta["vllm"] = round(sum(delta[p] for p in VLLM_PARTS), 2)
     delta["client"] = round(sum(delta[p] for p in CLIENT_PARTS), 2)
+    tree = delta["vllm"] + delta["client"] + delta["ray"]
+    delta["outside"] = round(max(0.0, busy - tree), 2)
     return delta

@@ -14,6 +14,7 @@ from rayrollout.engine.chunks import ChunkRows
 from rayrollout.engine.episode import EpisodeSpec
 from rayrollout.engine.feeding import (
     Refill,
+    most_within,
     reserve,
     send_limits,
     worker_limits,
@@ -149,6 +150,26 @@ def test_the_refill_is_measured_from_the_rows():
     for i in range(8):
         refill.observe([{"metrics": {**metrics, "started_at": 200.0 + i}}], now=201.7 + i)
     assert refill.reserve() == 5  # 32 x 0.22 s (a 0.11 s refill, both ways) / 1.6 s
+
+
+def test_the_reserve_covers_a_wave_of_episodes_that_end_together():
+    """Samples cut at the same length end in the same step of the policy's batch: the
+    reserve covers as many as were seen ending within one refill (up to a chunk per
+    worker), where the rate alone gave two; episodes that end apart keep the rate's."""
+    metrics = {"seconds_total": 1.6, "seconds_verify": 0.01}
+    wave = Refill(32, 2)
+    for i in range(12):  # twelve loops ending within 5 ms, rows back 0.02 s later
+        end = 100.0 + 0.0004 * i
+        wave.observe([{"metrics": {**metrics, "started_at": end - 1.59}}], now=end + 0.02)
+    assert wave.burst == 12 and wave.reserve() == 12
+    apart = Refill(32, 2)
+    for i in range(12):  # the same episodes ending 0.15 s apart
+        end = 100.0 + 0.15 * i
+        apart.observe([{"metrics": {**metrics, "started_at": end - 1.59}}], now=end + 0.02)
+    assert apart.burst == 1 and apart.reserve() == 2  # 32 x 0.1 s / 1.6 s
+    assert reserve(32, 2, 1.6, burst=40) == 16  # still at most a chunk per worker
+    assert most_within([0.0, 0.01, 0.02, 1.0, 1.05], 0.1) == 3
+    assert most_within([], 0.1) == 0
 
 
 @pytest.mark.parametrize(("chunk", "waiting"), [(8, 2), (8, 16), (64, 1), (1, 5)])

@@ -38,6 +38,22 @@ def test_parquet_round_trip_keeps_every_field(tmp_path):
     assert Trajectory.from_row(row) == trajectory
 
 
+def test_a_workers_chunk_carries_rows_as_the_writer_would_build_them():
+    """ChunkRows builds its Arrow batch through one struct array: the table it hands the
+    engine must equal the writer's own ``from_pylist`` table, and read back unchanged."""
+    from rayrollout.engine.chunks import ChunkRows
+
+    trajectories = [make_trajectory(), make_trajectory(reward=-2.5, error="boom", turns=[])]
+    rows = [t.to_row() for t in trajectories]
+    chunk = ChunkRows.from_rows(rows, [4, 1])
+    expected = pa.Table.from_pylist(rows, schema=trajectory_arrow_schema())
+    assert chunk.table().equals(expected)
+    assert [Trajectory.from_row(r) for r in chunk.rows()] == trajectories
+    assert chunk.indices == [4, 1]
+    assert [s["reward"] for s in chunk.summaries] == [1.0, -2.5]
+    assert ChunkRows.from_rows([], []).table().num_rows == 0
+
+
 def test_jsonl_row_reads_back_as_the_same_trajectory():
     trajectory = make_trajectory()
     line = json.dumps(trajectory.to_row(), default=str)

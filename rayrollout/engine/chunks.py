@@ -9,6 +9,10 @@ Arrow IPC stream bytes (about 2 us per row each way), not as a ``pa.Table``: Ray
 pickling of a table rebuilds it array by array in Python, measured at about 190 us per row
 for this nested schema. The engine turns a table back into rows only for chunks a
 ``generate`` caller waits on.
+
+The rows become one struct array, not a table by columns (``Table.from_pylist``): a batch is
+often one or two rows (episodes finish one at a time on a busy policy), and Arrow sets up a
+converter per column for each call, about 0.15 ms of the 0.45 a one-row batch cost.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import pyarrow as pa
 from rayrollout.data.writer import SCHEMA
 
 __all__ = ["ChunkRows", "summarize"]
+
+_ROW_TYPE = pa.struct(SCHEMA)
 
 _METRIC_FIELDS = (
     "started_at",
@@ -66,10 +72,10 @@ class ChunkRows:
 
     @classmethod
     def from_rows(cls, rows: list[dict[str, Any]], indices: list[int]) -> ChunkRows:
-        table = pa.Table.from_pylist(rows, schema=SCHEMA)
+        batch = pa.RecordBatch.from_struct_array(pa.array(rows, type=_ROW_TYPE))
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, SCHEMA) as stream:
-            stream.write_table(table)
+            stream.write_batch(batch)
         return cls(sink.getvalue().to_pybytes(), [summarize(r) for r in rows], indices)
 
     def table(self) -> pa.Table:
