@@ -14,6 +14,7 @@ from rayrollout.data.schema import (
     stable_task_id,
     trajectory_arrow_schema,
 )
+from rayrollout.engine.chunks import ChunkRows
 
 
 def make_trajectory(**overrides) -> Trajectory:
@@ -41,8 +42,6 @@ def test_parquet_round_trip_keeps_every_field(tmp_path):
 def test_a_workers_chunk_carries_rows_as_the_writer_would_build_them():
     """ChunkRows builds its Arrow batch through one struct array: the table it hands the
     engine must equal the writer's own ``from_pylist`` table, and read back unchanged."""
-    from rayrollout.engine.chunks import ChunkRows
-
     trajectories = [make_trajectory(), make_trajectory(reward=-2.5, error="boom", turns=[])]
     rows = [t.to_row() for t in trajectories]
     chunk = ChunkRows.from_rows(rows, [4, 1])

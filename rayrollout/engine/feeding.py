@@ -29,6 +29,17 @@ def chunk_size(concurrency: int, num_workers: int) -> int:
     return max(1, min(64, concurrency // (num_workers * 2)))
 
 
+def most_reserve(concurrency: int, num_workers: int) -> int:
+    """The largest reserve: a chunk per worker."""
+    return chunk_size(concurrency, num_workers) * num_workers
+
+
+def refill_cover(refill_s: float | None) -> float:
+    """Seconds a reserve must cover: the measured refill (``refill_lag``) doubled for the way
+    back, and at least ``_RESERVE_S``."""
+    return max(_RESERVE_S, 2 * refill_s) if refill_s else _RESERVE_S
+
+
 def reserve(
     concurrency: int,
     num_workers: int,
@@ -50,21 +61,21 @@ def reserve(
 
     Episodes that started together and generate the same number of tokens (every sample cut
     at ``max_tokens``, common early in training) end in the same step of the policy's batch.
-    By rate alone the reserve was two of them for 32 slots: the rest of the wave's slots
-    waited for refills, the next wave went out spread over them, and the policy ran smaller
-    batches for the rest of the round (rounds a third longer against a policy that answers in
-    fixed time).
+    By rate alone the reserve would be two of them for 32 slots: the rest of the wave's slots
+    would wait for refills, the next wave would go out spread over them, and the policy would
+    run smaller batches for the rest of the round (rounds a third longer against a policy that
+    answers in fixed time).
 
     >>> reserve(32, 2, 1.6)  # 32 slots x 0.1 s / 1.6 s
     2
     >>> reserve(32, 2, 1.6, burst=12)  # twelve seen ending within one refill
     12
     """
-    most = chunk_size(concurrency, num_workers) * num_workers
+    most = most_reserve(concurrency, num_workers)
     if not episode_s:
         return most
-    cover = max(_RESERVE_S, 2 * refill_s) if refill_s else _RESERVE_S
-    return min(most, max(burst, math.ceil(concurrency * cover / episode_s)))
+    rate = math.ceil(concurrency * refill_cover(refill_s) / episode_s)
+    return min(most, max(burst, rate))
 
 
 def send_limits(concurrency: int, chunk: int, waiting: int) -> tuple[int, int]:
@@ -131,14 +142,14 @@ def loop_end(metrics: dict[str, Any]) -> float | None:
     return float(metrics["started_at"] + metrics["seconds_total"] - metrics["seconds_verify"])
 
 
-def refill_lag(summaries: list[dict[str, Any]], now: float) -> float | None:
-    """Mean seconds from the end of an episode's agent loop (where its worker freed its slot)
-    to its row reaching the engine: the verifier, the session's close, the row and the trip.
-    Clocks of other nodes may be off a little; the figure is clamped to [0, 10] s."""
-    lags = [now - end for end in (loop_end(s["metrics"]) for s in summaries) if end is not None]
-    if not lags:
+def refill_lag(ends: list[float], now: float) -> float | None:
+    """Mean seconds from the end of an episode's agent loop (``loop_end``: where its worker
+    freed its slot) to its row reaching the engine at ``now``: the verifier, the session's
+    close, the row and the trip. Clocks of other nodes may be off a little; the figure is
+    clamped to [0, 10] s."""
+    if not ends:
         return None
-    return min(10.0, max(0.0, sum(lags) / len(lags)))
+    return min(10.0, max(0.0, now - sum(ends) / len(ends)))
 
 
 class Refill:
@@ -154,8 +165,7 @@ class Refill:
         self.burst = 0
         # The last loop ends seen: twice the largest reserve, enough to see a burst that
         # would fill it.
-        most = chunk_size(concurrency, num_workers) * num_workers
-        self.ends: deque[float] = deque(maxlen=2 * most)
+        self.ends: deque[float] = deque(maxlen=2 * most_reserve(concurrency, num_workers))
 
     def observe(self, summaries: list[dict[str, Any]], now: float) -> None:
         """Take in a batch of finished episodes' summaries (their ``metrics``)."""
@@ -163,14 +173,12 @@ class Refill:
         if seconds:
             mean = sum(seconds) / len(seconds)
             self.episode_s = mean if self.episode_s is None else 0.8 * self.episode_s + 0.2 * mean
-        lag = refill_lag(summaries, now)
+        ends = [end for end in (loop_end(s["metrics"]) for s in summaries) if end is not None]
+        lag = refill_lag(ends, now)
         if lag is not None:
             self.refill_s = lag if self.refill_s is None else 0.8 * self.refill_s + 0.2 * lag
-        ends = [end for end in (loop_end(s["metrics"]) for s in summaries) if end is not None]
-        if ends:
             self.ends.extend(ends)
-            cover = max(_RESERVE_S, 2 * self.refill_s) if self.refill_s else _RESERVE_S
-            self.burst = most_within(sorted(self.ends), cover)
+            self.burst = most_within(sorted(self.ends), refill_cover(self.refill_s))
 
     def reserve(self) -> int:
         """The reserve now (``reserve``)."""
