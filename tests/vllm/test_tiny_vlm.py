@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 import yaml
 from vllm_tier import ROOT, VllmPolicy
@@ -113,7 +113,7 @@ def chat(policy: VllmPolicy, messages: list[dict[str, Any]]) -> dict[str, Any]:
         "return_token_ids": True,
     }
     headers = {"Authorization": f"Bearer {policy.token}"}
-    response = httpx.post(
+    response = httpx2.post(
         f"{policy.base_url}/chat/completions", json=body, headers=headers, timeout=120
     )
     assert response.status_code == 200, response.text
@@ -233,7 +233,7 @@ def generate(policy: VllmPolicy, token_ids: list[int], images: list[Any], **head
         "return_token_ids": True,
     }
     url = policy.base_url.removesuffix("/v1") + "/inference/v1/generate"
-    return httpx.post(url, json=body, headers=headers, timeout=120)
+    return httpx2.post(url, json=body, headers=headers, timeout=120)
 
 
 def test_token_ids_with_images_extend_across_turns_through_the_token_route(
