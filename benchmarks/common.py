@@ -222,13 +222,13 @@ def keep_stdout_for_json() -> None:
         os.dup2(2, 1)
 
 
-def emit(result: dict[str, Any]) -> None:
+def emit(result: dict[str, Any], name: str | None = None) -> None:
     """Print the benchmark's one JSON object (to the real stdout) and keep it as the latest
-    result (``save_result``)."""
+    result (``save_result``, under ``name`` when given)."""
     text = json.dumps(result, indent=2) + "\n"
     sys.stdout.flush()
     os.write(_JSON_STDOUT[0] if _JSON_STDOUT else 1, text.encode())
-    save_result(result)
+    save_result(result, name)
 
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -8,7 +8,8 @@ is always the one a result file holds, never one typed into prose.
 ``field`` is a path into the result: keys joined by dots, a list item picked by
 ``[key=value]`` (``runs[concurrency=2048].efficiency``), ``*`` for every value of a mapping
 (the figure is then the largest of them). ``goal`` is ``>= X``, ``<= X`` or ``== X``; an
-empty goal marks a figure reported without a target.
+empty goal marks a figure reported without a target. ``command`` is for a result that a
+mode of another benchmark writes (``vllm_ratio.py --noise-floor``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ class Target:
     figure: str
     field: str
     goal: str = ""
+    command: str = ""  # how to measure it, where not ``python benchmarks/<benchmark>.py``
+
+    @property
+    def measured_by(self) -> str:
+        return self.command or f"python benchmarks/{self.benchmark}.py"
 
 
 TARGETS: tuple[Target, ...] = (
@@ -110,6 +116,19 @@ TARGETS: tuple[Target, ...] = (
     Target("chaos", "episodes lost after kills and resumes", "folder.lost", "== 0"),
     Target("chaos", "episodes duplicated after kills and resumes", "folder.duplicated", "== 0"),
     Target("vllm_ratio", "engine / bare client, generated tokens/s (vLLM)", "ratio", ">= 0.9"),
+    Target("vllm_ratio", "engine / bare client, lowest round (vLLM)", "ratio_min_round", ">= 0.9"),
+    Target(
+        "vllm_ratio_noise_floor",
+        "bare client / bare client, lowest round (vLLM; the machine's own spread)",
+        "ratio_min_round",
+        command="python benchmarks/vllm_ratio.py --noise-floor",
+    ),
+    Target(
+        "vllm_ratio_noise_floor",
+        "bare client / bare client, highest round (vLLM; the machine's own spread)",
+        "ratio_max_round",
+        command="python benchmarks/vllm_ratio.py --noise-floor",
+    ),
     Target(
         "prefix_affinity",
         "vLLM prefix-cache hit rate on turns 2+, consistent-hash routing",

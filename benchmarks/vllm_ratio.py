@@ -31,6 +31,12 @@ docs/vllm-throughput.md says how to read them.
 
     python benchmarks/vllm_ratio.py          # 96 episodes x 4 rounds: 3-6 min on 2 cores
     python benchmarks/vllm_ratio.py --smoke  # checks it still works: 1.5-3 min (vLLM's start)
+    python benchmarks/vllm_ratio.py --noise-floor  # the bare client against itself
+
+``--noise-floor`` runs the bare client on both sides (no engine): its ratios are those of two
+identical clients, so the spread of its rounds is how far one round's ratio moves on this
+machine for no reason but the machine. Its result is ``results/vllm_ratio_noise_floor.json``,
+with ``second_side`` saying what the second side was.
 
 Over 400 lines but one job: the two clients, the alternating rounds and the summary of their
 figures are read together; vLLM's counters and CPU accounting already live in
@@ -47,6 +53,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +73,7 @@ from vllm_counters import (  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 _KEY_ENV = "RAYROLLOUT_BENCH_POLICY_TOKEN"  # where the engine's driver finds the policy key
-_SIDES = ("vllm", "rayrollout")
+_AGAIN = "vllm_again"  # the second side of a --noise-floor run: the bare client once more
 _WORKERS = 2  # the engine's worker actors
 
 
@@ -144,10 +151,12 @@ def run_rounds(
     token: str,
     namespace: str = "bench-vllm",
     metrics_port: int | None = None,
+    noise_floor: bool = False,
 ) -> dict[str, Any]:
     """Measure both clients against a running vLLM app at ``base_url`` (Ray already up),
     whose routes take ``token``. With ``metrics_port`` (Ray's metrics endpoint, the app
-    exporting vLLM's metrics) each side also reports vLLM's counters."""
+    exporting vLLM's metrics) each side also reports vLLM's counters. ``noise_floor`` makes
+    the second side the bare client again (``vllm_again``) and starts no engine."""
     from rayrollout.environments.math.env import MathEnv
 
     from rayrollout import RolloutEngine, RunConfig
@@ -208,24 +217,28 @@ def run_rounds(
                 "ray": {"serve_port": serve_port},
             }
         )
-        with RolloutEngine(run_config) as engine:
-            engine.start()
+        second = _AGAIN if noise_floor else "rayrollout"
+        pair = ("vllm", second)
+        with nullcontext() if noise_floor else RolloutEngine(run_config) as engine:
+            if engine is not None:
+                engine.start()
             # Warm-up: both paths once, small, but a batch for every worker: a worker's first
             # episodes load its environment (the math verifier's sympy, a second of CPU in a
             # thread), and a worker the warm-up missed paid it inside the first round.
             warm = min(_WORKERS * chunk_size(concurrency, _WORKERS), episodes)
             counters = snapshot()
             asyncio.run(bare_client(base_url, model, prompt_ids[:warm], bare_sampling, warm, token))
-            engine.collect([{**t, "task_id": f"{t['task_id']}-warm"} for t in tasks[:warm]])
-            counters = settled(counters, 2 * warm)
+            if engine is not None:
+                engine.collect([{**t, "task_id": f"{t['task_id']}-warm"} for t in tasks[:warm]])
+            counters = settled(counters, warm if engine is None else 2 * warm)
             for r in range(rounds):
                 # Alternate which client goes first: load from elsewhere on the machine
                 # then hits both alike, on average.
-                order = _SIDES if r % 2 == 0 else _SIDES[::-1]
+                order = pair if r % 2 == 0 else pair[::-1]
                 sides: dict[str, dict[str, Any]] = {}
                 for side in order:
                     cpu_before = cpu_by_part(root)
-                    if side == "vllm":
+                    if engine is None or side == "vllm":
                         generated, seconds, starts, call_s = asyncio.run(
                             bare_client(
                                 base_url, model, prompt_ids, bare_sampling, concurrency, token
@@ -235,7 +248,7 @@ def run_rounds(
                         _check_lengths("bare client", generated, max_tokens)
                         tokens = sum(generated)
                         extra: dict[str, Any] = {}
-                    else:
+                    else:  # the engine: episodes, not bare requests
                         started, wall_started = time.perf_counter(), time.time()
                         result = engine.collect(
                             [{**t, "task_id": f"{t['task_id']}-r{r}"} for t in tasks]
@@ -259,16 +272,16 @@ def run_rounds(
                     if counters is not None and after is not None:
                         sides[side]["vllm_counters"] = counter_delta(counters, after)
                     counters = after
-                rates = {side: sides[side]["tokens_per_s"] for side in _SIDES}
+                rates = {side: sides[side]["tokens_per_s"] for side in pair}
                 measured_rounds.append(
                     {
                         "first": order[0],
-                        "ratio": round(rates["rayrollout"] / rates["vllm"], 3),
+                        "ratio": round(rates[second] / rates["vllm"], 3),
                         "tokens_each": sides["vllm"]["tokens"],
                         **sides,
                     }
                 )
-    return {"benchmark": "vllm_ratio", **summarize(measured_rounds)}
+    return {"benchmark": "vllm_ratio", "second_side": second, **summarize(measured_rounds, second)}
 
 
 def _engine_side(
@@ -318,21 +331,22 @@ def _engine_side(
     )
 
 
-def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """Ratios over all rounds, the first round, the steady rounds after it; each side's work
-    per generated token summed over the rounds."""
+def summarize(rounds: list[dict[str, Any]], second: str = "rayrollout") -> dict[str, Any]:
+    """Ratios (``second`` side / bare client) over all rounds, the first round, the steady
+    rounds after it; each side's work per generated token summed over the rounds."""
+    pair = ("vllm", second)
 
     def ratio(chosen: list[dict[str, Any]]) -> float | None:
         if not chosen:
             return None
         rate = {
             side: sum(r[side]["tokens"] for r in chosen) / sum(r[side]["seconds"] for r in chosen)
-            for side in _SIDES
+            for side in pair
         }
-        return round(rate["rayrollout"] / rate["vllm"], 3)
+        return round(rate[second] / rate["vllm"], 3)
 
     ratios = [r["ratio"] for r in rounds]
-    work = {side: work_per_token([r[side] for r in rounds]) for side in _SIDES}
+    work = {side: work_per_token([r[side] for r in rounds]) for side in pair}
     bare_cpu = work["vllm"]["vllm_cpu_ms_per_token"]
     return {
         "ratio": ratio(rounds),  # all rounds' tokens / all rounds' seconds
@@ -340,9 +354,9 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "steady": ratio(rounds[1:]),
         "ratio_median_round": round(statistics.median(ratios), 3),
         "ratio_min_round": min(ratios),
-        "rayrollout_tokens_per_s": round(
-            sum(r["rayrollout"]["tokens"] for r in rounds)
-            / sum(r["rayrollout"]["seconds"] for r in rounds),
+        "ratio_max_round": max(ratios),
+        f"{second}_tokens_per_s": round(
+            sum(r[second]["tokens"] for r in rounds) / sum(r[second]["seconds"] for r in rounds),
             1,
         ),
         "vllm_tokens_per_s": round(
@@ -350,7 +364,7 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
             1,
         ),
         "vllm_cpu_per_token_ratio": (
-            round(work["rayrollout"]["vllm_cpu_ms_per_token"] / bare_cpu, 3) if bare_cpu else None
+            round(work[second]["vllm_cpu_ms_per_token"] / bare_cpu, 3) if bare_cpu else None
         ),
         "work_per_token": work,
         "rounds": rounds,
@@ -433,6 +447,12 @@ def main() -> None:
     parser.add_argument(
         "--smoke", action="store_true", help="tiny run to check the benchmark works"
     )
+    parser.add_argument(
+        "--noise-floor",
+        action="store_true",
+        help="the bare client on both sides, no engine: how far a round's ratio moves on this "
+        "machine by itself (results/vllm_ratio_noise_floor.json)",
+    )
     args = parser.parse_args()
     keep_stdout_for_json()  # Ray's and vLLM's output to stderr, the JSON alone to stdout
     if args.smoke:
@@ -485,6 +505,7 @@ def main() -> None:
             serve_port=port,
             token=token,
             metrics_port=metrics_port,
+            noise_floor=args.noise_floor,
         )
     finally:
         stop_ray()
@@ -502,7 +523,7 @@ def main() -> None:
             "load_average_1m": round(os.getloadavg()[0], 1),
         }
     )
-    emit(result)
+    emit(result, "vllm_ratio_noise_floor" if args.noise_floor else None)
 
 
 if __name__ == "__main__":

@@ -508,11 +508,7 @@ def benchmarks_page() -> str:
         result, smoke = latest_result(target.benchmark)
         goal = cell(target.goal) if target.goal else "—"
         if result is None:
-            latest, met, command = (
-                "not measured yet",
-                "",
-                f"`python benchmarks/{target.benchmark}.py`",
-            )
+            latest, met, command = "not measured yet", "", code(target.measured_by)
         else:
             command = code(measured_by(result, target))
             try:

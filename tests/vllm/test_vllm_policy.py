@@ -127,6 +127,25 @@ def test_ratio_benchmark_measures_both_clients_on_the_same_server(tiny_vllm: Tin
     assert [r["tokens_each"] for r in result["rounds"]] == [8 * 16, 8 * 16]
     assert [r["first"] for r in result["rounds"]] == ["vllm", "rayrollout"]
     assert result["ratio"] > 0 and result["vllm_tokens_per_s"] > 0
+    # --noise-floor: the bare client on both sides, no engine, the same checks.
+    floor = bench.run_rounds(
+        tiny_vllm.base_url,
+        tiny_vllm.model,
+        str(tiny_vllm.model_path),
+        episodes=8,
+        concurrency=4,
+        max_tokens=16,
+        rounds=2,
+        serve_port=tiny_vllm.serve_port,
+        token=tiny_vllm.token,
+        namespace="vllm-tests-bench-floor",
+        noise_floor=True,
+    )
+    assert floor["second_side"] == "vllm_again"
+    assert [r["first"] for r in floor["rounds"]] == ["vllm", "vllm_again"]
+    assert all(r["vllm_again"]["tokens"] == 8 * 16 for r in floor["rounds"])
+    assert floor["ratio_min_round"] <= floor["ratio_max_round"]
+    assert floor["vllm_again_tokens_per_s"] > 0
 
 
 def test_gpu_config_gives_ray_serve_llm_tensor_parallel_bundles_on_h100_nodes(ray_session):
