@@ -478,7 +478,7 @@ def latest_result(name: str) -> tuple[dict[str, Any] | None, bool]:
 def measured_by(result: dict[str, Any], target: Any) -> str:
     """The command that measured a target's figure: its case's own (``cases.<name>.run``,
     where a result's cases come from several runs), else the result's."""
-    default = result.get("command", f"python benchmarks/{target.benchmark}.py")
+    default = result.get("command", target.measured_by)
     parts = target.field.split(".")
     case = result.get("cases", {}).get(parts[1]) if parts[0] == "cases" and len(parts) > 1 else None
     run = case.get("run") if isinstance(case, dict) else None

@@ -109,18 +109,16 @@ def test_ratio_benchmark_measures_both_clients_on_the_same_server(tiny_vllm: Tin
     )
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    result = bench.run_rounds(
-        tiny_vllm.base_url,
-        tiny_vllm.model,
-        str(tiny_vllm.model_path),
-        episodes=8,
-        concurrency=4,
-        max_tokens=16,
-        rounds=2,
-        serve_port=tiny_vllm.serve_port,
-        token=tiny_vllm.token,
-        namespace="vllm-tests-bench",
-    )
+    small = {
+        "episodes": 8,
+        "concurrency": 4,
+        "max_tokens": 16,
+        "rounds": 2,
+        "serve_port": tiny_vllm.serve_port,
+        "token": tiny_vllm.token,
+    }
+    server = (tiny_vllm.base_url, tiny_vllm.model, str(tiny_vllm.model_path))
+    result = bench.run_rounds(*server, **small, namespace="vllm-tests-bench")
     print(f"\nratio benchmark (smoke): {json.dumps(result)}")
     # Both sides sent the same prompt ids and generated exactly max_tokens per request
     # (run_rounds raises otherwise); the figure itself is not checked on a shared machine.
@@ -128,19 +126,7 @@ def test_ratio_benchmark_measures_both_clients_on_the_same_server(tiny_vllm: Tin
     assert [r["first"] for r in result["rounds"]] == ["vllm", "rayrollout"]
     assert result["ratio"] > 0 and result["vllm_tokens_per_s"] > 0
     # --noise-floor: the bare client on both sides, no engine, the same checks.
-    floor = bench.run_rounds(
-        tiny_vllm.base_url,
-        tiny_vllm.model,
-        str(tiny_vllm.model_path),
-        episodes=8,
-        concurrency=4,
-        max_tokens=16,
-        rounds=2,
-        serve_port=tiny_vllm.serve_port,
-        token=tiny_vllm.token,
-        namespace="vllm-tests-bench-floor",
-        noise_floor=True,
-    )
+    floor = bench.run_rounds(*server, **small, namespace="vllm-tests-bench-floor", noise_floor=True)
     assert floor["second_side"] == "vllm_again"
     assert [r["first"] for r in floor["rounds"]] == ["vllm", "vllm_again"]
     assert all(r["vllm_again"]["tokens"] == 8 * 16 for r in floor["rounds"])
