@@ -126,6 +126,7 @@ def ray_session() -> Iterator[None]:
     )
     METRICS_PORT.append(free_port())
     ray.init(
+        address="local",  # not the head a `ray start` (or `rayrollout up`) left on the machine
         num_cpus=4,
         include_dashboard=False,
         log_to_driver=False,

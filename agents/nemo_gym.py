@@ -4,7 +4,11 @@ NeMo Gym's agents (``simple_agent`` and the others ``ng_run`` starts) play a who
 behind one ``POST /run``: they seed a session on their resources server, call the model
 through their model server, run tools, verify, and answer with the verify response
 (``reward``, ``response``). This agent hands each episode's task row to ``/run`` and takes
-the answer as the episode's verdict, so NeMo Gym's agent logic runs unchanged.
+the answer as the episode's verdict, so NeMo Gym's agent logic runs unchanged. It is the
+agent of NeMo Gym rows whose prompt that agent writes (``opening: agent``: an empty
+``input``, as scicode's, gdpval's and legal_agent_bench's rows have), which the row names
+itself. NeMo UserSim's rows name it too, and are refused at play: their environment server
+speaks another protocol.
 
 The model calls still have to be rayrollout's (token ids, logprobs, policy versions), so
 each goes through the episode's recording gateway. A NeMo Gym model server has one static
@@ -31,7 +35,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
-from rayrollout.agent import Agent, AgentEpisode, EpisodeEnd
+from rayrollout.agent import Agent, AgentEpisode, EpisodeEnd, OutOfTurns
 from rayrollout.agent.gateway_front import (
     GATEWAY_FIELD,
     KEY_FIELD,
@@ -39,6 +43,7 @@ from rayrollout.agent.gateway_front import (
     FrontPortTaken,
     front_metadata,
 )
+from rayrollout.data.nemo_gym_rows import UNSUPPORTED
 from rayrollout.data.responses import items_to_messages, seed_body
 from rayrollout.data.schema import Message, Task
 from rayrollout.environment import Verification
@@ -52,6 +57,13 @@ _NAME = "nemo_gym"
 # What a verify answer holds beside the reward's explanation: the reward itself, the
 # episode (kept as the transcript) and the request it echoes.
 _NOT_DETAILS = frozenset({"reward", "response", "responses_create_params"})
+_USERSIM_REFUSAL = (
+    f"{UNSUPPORTED}: NeMo UserSim's episode protocol. This row is NeMo UserSim's "
+    "{task_id, resolved_row}: NeMo Gym's nemo_user_sim environment server runs its simulated "
+    "user and scores the simulation's own record, through its episode protocol (/run with "
+    "{episode_id, task}), whose model calls carry no route to the episode's gateway; this "
+    "agent plays agent servers' /run. Run this row with NeMo Gym"
+)
 
 
 class NemoGymAgent(Agent):
@@ -89,15 +101,29 @@ class NemoGymAgent(Agent):
         return self._http
 
     async def play(self, episode: AgentEpisode) -> Verification:
+        if "resolved_row" in episode.task.fields:
+            raise EpisodeEnd("error", _USERSIM_REFUSAL)
         try:
             await self.front.ensure()
         except (FrontPortTaken, OSError) as exc:
             raise EpisodeEnd(
                 "error", f"agent '{_NAME}': the gateway front on port {self.gateway_port}: {exc}"
             ) from None
-        async with episode.gateway() as endpoint:
-            body = run_body(episode.task, endpoint)
-            answer = await self._run(body, endpoint.api_key)
+        try:
+            async with episode.gateway() as endpoint:
+                body = run_body(episode.task, endpoint)
+                answer = await self._run(body, endpoint.api_key)
+        except OutOfTurns:
+            if episode.task.opening != "agent":
+                raise  # max_turns; the environment's verifier scores the transcript so far
+            # The agent server wrote this opening and alone can score it (scicode's code is
+            # in its /run, not the transcript): cut short, the episode has no verdict.
+            raise EpisodeEnd(
+                "max_turns",
+                f"agent '{_NAME}': the NeMo Gym agent server at {self.url} made more model "
+                f"calls than episode.max_turns ({episode.limits.max_turns}) allows, so its /run "
+                "was cut short and gave no verdict: raise episode.max_turns in the config",
+            ) from None
         if not episode.trajectory.turns:
             raise EpisodeEnd(
                 "error",

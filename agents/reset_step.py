@@ -1,9 +1,12 @@
 """The reset/step agent: plays any environment of the reset/step kind (skyrl-gym, GEM,
-OpenEnv, NeMo Gym's Gymnasium-style servers).
+OpenEnv, NeMo Gym's Gymnasium-style servers). It is those environments' declared default
+(``Environment.default_agent``), so a row that names one of them needs no ``agent``.
 
 reset -> model -> its reply as the action -> step -> the observation as the next user turn
 -> model ... until the environment says terminated or truncated, or the episode is out of
-policy calls (``max_turns``: the verifier still runs). Each call sends the whole transcript,
+policy calls (``max_turns``, the environment's own turn limit where it declares one and the
+config sets none, asked again after reset: the verifier still runs). Each call sends the
+whole transcript,
 so every turn extends the one before: the episode is one token sequence. The model is
 offered the tools the environment's reset names (an OpenEnv MCP environment's), else none:
 most of these environments read actions from the reply's text.
@@ -13,8 +16,10 @@ What it records: every step's reward on the policy turn whose reply was the acti
 verdict, the sum of its step rewards unless it says otherwise (``ResetStepEnvironment``),
 with the step rewards, the ending and the last observation in the row's ``verification``.
 Resets and steps are timed in the timeline (``step reset``, ``step step``) and in
-``seconds_tools``, each within ``tool_timeout_s``. What the environment says when the
-episode ends is not put in the transcript (the model never reads it).
+``seconds_tools``, each within ``tool_timeout_s``; the tool calls of a reply the environment
+steps with (an MCP environment's) count in ``tool_calls`` and ``tools_used``. What the
+environment says when the episode ends is not put in the transcript (the model never reads
+it).
 
 Faults: an environment that fails in reset or step ends the episode ``error`` naming the
 source and its id; one past ``tool_timeout_s`` ends it ``timeout``. An environment that is
@@ -22,8 +27,7 @@ not of the reset/step kind, or is hosted on Serve (its instance is on a replica)
 episode ``error`` saying so. Example row (GEM)::
 
     {"prompt": [{"role": "system", "content": "Put your guess in \\\\boxed{}."}],
-     "environment": "gem", "agent": "reset_step",
-     "env_id": "game:GuessTheNumber-v0-easy", "seed": 3}
+     "environment": "gem", "env_id": "game:GuessTheNumber-v0-easy", "seed": 3}
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ from collections.abc import Awaitable
 from typing import TypeVar
 
 from rayrollout.agent import Agent, AgentEpisode, EpisodeEnd
-from rayrollout.data.schema import TimelineEvent
+from rayrollout.data.schema import Message, TimelineEvent
+from rayrollout.environment.contract import episode_limits
 from rayrollout.environment.reset_step import ResetStepError, reset_step_session
 
 T = TypeVar("T")
@@ -55,6 +60,8 @@ class ResetStep(Agent):
             )
         opening = await _timed(episode, "reset", environment.reset(list(episode.messages)))
         episode.messages[:] = opening.messages
+        # A game may draw its size, and so its turn limit, when it is reset.
+        episode.limits = episode_limits(episode.limits, environment)
         if opening.tools:  # the environment's own tools (OpenEnv's MCP ones), as recorded
             episode.trajectory.tools = opening.tools
         while True:
@@ -63,9 +70,20 @@ class ResetStep(Agent):
             episode.messages.append(reply)
             result = await _timed(episode, "step", environment.step(reply))
             episode.trajectory.turns[-1].step_reward = result.reward  # the call just made
+            _count_tool_calls(episode, reply)
             if result.ended:
                 return
             episode.messages.extend(result.observation)
+
+
+def _count_tool_calls(episode: AgentEpisode, reply: Message) -> None:
+    """The reply's tool calls, which the environment ran as its step, in the episode's
+    ``tool_calls`` and ``tools_used`` (as the tool loop counts the calls it runs)."""
+    metrics = episode.trajectory.metrics
+    for call in reply.tool_calls or []:
+        metrics.tool_calls += 1
+        if call.function.name not in metrics.tools_used:
+            metrics.tools_used.append(call.function.name)
 
 
 async def _timed(episode: AgentEpisode, what: str, call: Awaitable[T]) -> T:

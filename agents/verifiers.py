@@ -118,7 +118,8 @@ class VerifiersAgent(Agent):
                 raise EpisodeEnd(
                     "error",
                     f"agent '{_NAME}': verifiers is not installed; pip install "
-                    "'rayrollout[verifiers]' (in a venv of its own: see .ci/verifiers)",
+                    "'rayrollout[verifiers]' into a venv of its own (python3 -m venv "
+                    ".venv-verifiers && .venv-verifiers/bin/pip install 'rayrollout[verifiers]')",
                 )
             try:
                 self._loaded[key] = await asyncio.to_thread(

@@ -1,5 +1,5 @@
-"""The reference for ``agent_contract.py``: the episode loop as it was hard-wired in
-``rayrollout/engine/episode.py`` before agents were pluggable (commit 9346214), unchanged but
+"""The reference for ``agent_contract.py``: the episode loop hard-wired, with no agent contract
+between the engine and the loop (``rayrollout/engine/episode.py``'s own loop), unchanged but
 for this docstring and the names of its limits (``EpisodeConfig``) and of the row's worker
 column, so the benchmark compares today's ``tool_loop`` agent with it in one run.
 

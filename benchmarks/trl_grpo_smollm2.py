@@ -131,6 +131,7 @@ def host(spec: dict[str, Any]) -> None:
     base["environment"] = "math"
     base["episode"] = {"max_turns": 2}  # the forced tool call, then the answer
     base["service"] = {"port": 0}
+    base.setdefault("training", {})["weights_roots"] = spec["weights_roots"]
     config = RunConfig.model_validate(base)
     start_detached(config)
     url = service_url(spec["namespace"])
@@ -156,6 +157,11 @@ def start_engine(args: argparse.Namespace, work_dir: Path) -> tuple[subprocess.P
     spec = {
         "work_dir": str(work_dir / "engine"),
         "model_path": str(args.model),
+        # What update_weights may load: the checkpoints under the work folder, the base model
+        # and the checkpoints --evaluate names (training.weights_roots).
+        "weights_roots": [
+            str(Path(p).resolve()) for p in (work_dir, args.model, *(args.evaluate or ()))
+        ],
         "serve_port": args.serve_port,
         "max_tokens": args.max_tokens,
         "temperature": args.temperature,

@@ -9,8 +9,10 @@
   deployment file, with its type, default and pydantic ``Field`` description.
 - ``output-rows.md``: every column of the output rows, from the Arrow schema
   (``trajectory_arrow_schema``) and the descriptions of the pydantic models it is derived from.
-- ``python-api.md``: the public names of ``rayrollout`` and the exception tree, from their
-  docstrings.
+- ``python-api.md``: the public names of ``rayrollout`` and the bases of the exception tree,
+  from their docstrings.
+- ``errors.md``: every exception class under ``RayrolloutError``, drawn as one tree with its
+  import path and the first line of its docstring.
 - ``benchmarks.md``: the latest result of every benchmark (``benchmarks/results/``) beside its
   target (``benchmarks/targets.py``).
 
@@ -246,6 +248,37 @@ def _config_section(title: str, intro: str, model: type[BaseModel], prefix: str 
     return lines
 
 
+def _policy_kinds_section() -> list[str]:
+    """The settings each registered policy kind owns, the ``policy:`` keys beside the
+    common ones (``PolicyKind.settings_model``)."""
+    from rayrollout.policy.kinds import policy_kind, policy_kinds
+
+    lines = [
+        "## Policy kinds' settings\n",
+        "Each policy kind (`policy.kind`) owns the `policy:` keys it adds beside the common "
+        "ones above: its settings model checks them, an unknown key included, before "
+        "anything starts ([write a policy kind](../how-to/policy-kinds.md)).\n",
+    ]
+    for name in sorted(policy_kinds()):
+        model = policy_kind(name).settings_model
+        fields = list(config_fields(model, "policy."))
+        if not fields:
+            lines.append(f"Kind `{name}` takes no settings of its own.\n")
+            continue
+        lines += [f"Kind `{name}`:\n", "| key | type | default | what it does |"]
+        lines.append("| --- | --- | --- | --- |")
+        for path, info, nested in fields:
+            description = info.description or (
+                first_paragraph(nested.__doc__) if nested is not None else ""
+            )
+            lines.append(
+                f"| {code(path)} | {cell(_type_name(info.annotation))} | "
+                f"{_field_default(info)} | {cell(description)} |"
+            )
+        lines.append("")
+    return lines
+
+
 def config_page() -> str:
     """``docs/reference/config.md``."""
     from rayrollout.deployments.vllm.app import VllmDeploymentConfig
@@ -263,6 +296,7 @@ def config_page() -> str:
     lines += _config_section(
         "Run config (`--config FILE`)", first_paragraph(RunConfig.__doc__), RunConfig
     )
+    lines += _policy_kinds_section()
     lines += _config_section(
         "vLLM deployment file (`--policy-config FILE`, `policy.vllm_config`)",
         first_paragraph(VllmDeploymentConfig.__doc__)
@@ -375,14 +409,15 @@ def python_api_page() -> str:
         "| name | what it is |",
         "| --- | --- |",
     ]
-    for name in sorted(rayrollout.__all__, key=str.lower):
+    for name in sorted(set(rayrollout.__all__) - set(rayrollout._ERROR_HOMES), key=str.lower):
         value = getattr(rayrollout, name)
         lines.append(f"| {code(name)} | {cell(first_paragraph(value.__doc__))} |")
     lines += [
         "",
         "## Errors\n",
         first_paragraph(errors.__doc__) + " The command line prints any of them as one line "
-        "`error: <message>`, exit code 2 for an `InputError`, else 1.\n",
+        "`error: <message>`, exit code 2 for an `InputError`, else 1. Every class under "
+        "them imports from `rayrollout` too: [Errors](errors.md) draws the whole tree.\n",
         "| class | base | what it covers |",
         "| --- | --- | --- |",
     ]
@@ -393,6 +428,136 @@ def python_api_page() -> str:
             lines.append(
                 f"| {code(name)} | {code(base)} | {cell(first_paragraph(value.__doc__))} |"
             )
+    lines.append("")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+
+
+def import_every_module() -> None:
+    """Import every module of the package, so each exception class is defined (a trainer
+    adapter whose trainer is not installed is left out; ``__main__`` would run the CLI)."""
+    import importlib
+    import pkgutil
+
+    import rayrollout
+
+    for info in pkgutil.walk_packages(rayrollout.__path__, "rayrollout."):
+        if info.name.endswith("__main__"):
+            continue
+        try:
+            importlib.import_module(info.name)
+        except ImportError:
+            if not info.name.startswith("rayrollout.integrations."):
+                raise
+
+
+def error_tree() -> list[tuple[int, type[BaseException], type | None]]:
+    """The tree under ``RayrolloutError`` as (depth, class, the base it was drawn under first
+    or None), depth first by name: a class with two bases in the tree is drawn under each.
+    Private classes (a leading underscore) and ``INTERNAL_ERRORS`` are left out."""
+    from rayrollout.errors import RayrolloutError
+
+    import_every_module()
+    found: list[tuple[int, type[BaseException], type | None]] = []
+    first_base: dict[type, type] = {}
+
+    def walk(cls: type[BaseException], depth: int, base: type | None) -> None:
+        found.append((depth, cls, first_base.get(cls)))
+        if cls in first_base:
+            return
+        first_base[cls] = base or cls
+        for sub in sorted(cls.__subclasses__(), key=lambda c: c.__name__):
+            if _public_error(sub):
+                walk(sub, depth + 1, cls)
+
+    walk(RayrolloutError, 0, None)
+    return found
+
+
+INTERNAL_ERRORS = {
+    # Raised in a route of the rollout service and turned into its HTTP answer by the route's
+    # own handler: control flow inside one server, never seen by a caller.
+    "rayrollout.api.service.engine_link.HttpError",
+}
+
+
+def _public_error(cls: type) -> bool:
+    """A class of rayrollout's own tree: not private, not internal, and defined in rayrollout
+    (a test's or a plugin package's subclass of a rayrollout error is theirs, not ours)."""
+    return (
+        not cls.__name__.startswith("_")
+        and cls.__module__.split(".")[0] == "rayrollout"
+        and _qualified(cls) not in INTERNAL_ERRORS
+    )
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _builtin_bases(cls: type) -> list[str]:
+    """The builtin exception classes ``cls`` keeps beside the tree (``ValueError``, ...)."""
+    return [
+        base.__name__
+        for base in cls.__mro__[1:]
+        if base.__module__ == "builtins" and base not in (Exception, BaseException, object)
+    ]
+
+
+def _drawn(tree: list[tuple[int, type[BaseException], type | None]]) -> list[str]:
+    """The tree as text lines, ``├─``/``└─`` before each class, ``│`` where a branch goes on."""
+
+    def goes_on(index: int, level: int) -> bool:
+        for depth, _, _ in tree[index + 1 :]:
+            if depth <= level:
+                return depth == level
+        return False
+
+    lines = []
+    for index, (depth, cls, drawn_under) in enumerate(tree):
+        rails = "".join("│  " if goes_on(index, level) else "   " for level in range(1, depth))
+        branch = ("├─ " if goes_on(index, depth) else "└─ ") if depth else ""
+        builtins = _builtin_bases(cls)
+        note = f" ({', '.join(builtins)})" if builtins else ""
+        if drawn_under is not None:
+            note = f" (also under {drawn_under.__name__}, above)"
+        lines.append(f"{rails}{branch}{cls.__name__}{note}")
+    return lines
+
+
+def errors_page() -> str:
+    """``docs/reference/errors.md``: every public exception class, drawn as one tree."""
+    import rayrollout
+
+    tree = error_tree()
+    lines = [
+        HEADER.format(source="the exception classes of rayrollout, walked from RayrolloutError"),
+        "# Errors\n",
+        "Every error rayrollout raises is a `RayrolloutError`, under one base per boundary a "
+        "failure crosses, and imports from `rayrollout` (`from rayrollout import ConfigError`), "
+        "except those the table names by their module. `except RayrolloutError` catches "
+        "anything rayrollout refused; `except InputError` one boundary. Each class also keeps "
+        "the builtin base a caller may already catch (in brackets: `ConfigError` is a "
+        "`ValueError`). Inside an episode a failure is data, the trajectory's `status` and "
+        "`error`, not an exception: these reach a caller only where a run as a whole cannot go "
+        "on. The command line prints any of them as one line `error: <message>`, exit code 2 "
+        "for an `InputError`, else 1.\n",
+        "```text",
+        *_drawn(tree),
+        "```\n",
+        "| class | import | what it means |",
+        "| --- | --- | --- |",
+    ]
+    for _, cls, drawn_under in tree:
+        if drawn_under is not None:
+            continue
+        name = cls.__name__
+        where = f"rayrollout.{name}" if name in rayrollout.__all__ else _qualified(cls)
+        summary = first_paragraph(cls.__doc__).split(". ")[0].rstrip(".") + "."
+        lines.append(f"| `{name}` | `{where}` | {cell(summary)} |")
     lines.append("")
     return "\n".join(lines)
 
@@ -550,6 +715,7 @@ PAGES: dict[str, Callable[[], str]] = {
     "reference/output-rows.md": rows_page,
     "reference/python-api.md": python_api_page,
     "reference/benchmarks.md": benchmarks_page,
+    "reference/errors.md": errors_page,
 }
 
 

@@ -17,12 +17,17 @@ names the docs use):
 - ``play_in_both_hostings``: test an environment: one episode inline and on Serve.
 - ``Agent``, ``AgentEpisode``, ``EpisodeEnd``, ``OutOfTurns``: write an agent (the loop of
   an episode).
+- ``PolicyKind``, ``OwnServer``, ``FixedWeights``, ``kind_settings``: write a policy kind
+  (how a model server is brought up, its own settings, its weight updates).
 - ``RayrolloutError``, ``InputError``, ``PolicyBoundaryError``,
   ``EnvironmentBoundaryError``, ``OutputError``, ``ClusterError``: the base of every error
   rayrollout raises, and one base per boundary a failure crosses.
 - ``InvalidTaskError``, ``InvalidTasksError``, ``OutputNotEmptyError``: the input errors a
   collect raises: a bad task row, rows that cannot run, an output folder holding an
   earlier run.
+
+Every other error class of the tree imports from here too (``_ERROR_HOMES``), so "what can
+this raise" has one place to look; docs/reference/errors.md draws the whole tree.
 
 Everything else lives in the subpackages, is internal and may change. The one other public
 package is ``rayrollout.client``, the HTTP client of the rollout service, which also installs
@@ -40,11 +45,51 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rayrollout.agent import Agent, AgentEpisode, EpisodeEnd, OutOfTurns
+    from rayrollout.agent.gateway_front import FrontPortTaken
+    from rayrollout.agent.openai_shapes import BadRequest
+    from rayrollout.agent.registry import AgentArgsError, UnknownAgentError
+    from rayrollout.api.cluster import ServiceNotFoundError
     from rayrollout.api.collect import InvalidTasksError, OutputNotEmptyError
-    from rayrollout.api.rollout_engine import CollectResult, RolloutEngine, read_trajectories
-    from rayrollout.data.config import RunConfig, load_config
+    from rayrollout.api.preflight import (
+        EnvironmentCheckError,
+        EnvironmentUnavailableError,
+        EnvironmentUrlError,
+        OutputFolderError,
+        PolicyCheckError,
+        PreflightError,
+        TasksFileError,
+    )
+    from rayrollout.api.rollout_engine import (
+        CollectResult,
+        EngineDiedError,
+        EngineExistsError,
+        RolloutEngine,
+        read_trajectories,
+    )
+    from rayrollout.api.service.batches import CursorGoneError
+    from rayrollout.api.service.journal import OpenJournalsError
+    from rayrollout.client.errors import (
+        BadRequestError,
+        BatchConflictError,
+        BatchNotFoundError,
+        EngineGoneError,
+        ServiceBusyError,
+        ServiceError,
+        UnauthorizedError,
+    )
+    from rayrollout.data.config import ConfigError, RunConfig, load_config
+    from rayrollout.data.episode_table import EmptyRunError
+    from rayrollout.data.export.base import ExportError
+    from rayrollout.data.export.writing import LateImages
+    from rayrollout.data.images import ImageError
+    from rayrollout.data.run_folder import PartError, WriterError
     from rayrollout.data.schema import Message, Task, Trajectory, trajectory_arrow_schema
-    from rayrollout.data.tasks import InvalidTaskError, read_tasks
+    from rayrollout.data.task_shard_head import HeadReadError
+    from rayrollout.data.task_shards import ShardReadError
+    from rayrollout.data.tasks import InvalidTaskError, RowRefused, read_tasks
+    from rayrollout.engine.local_head import LocalHeadError
+    from rayrollout.engine.services import PolicyEndpointError
+    from rayrollout.engine.weights import WeightsPathError
     from rayrollout.environment import (
         Environment,
         Episode,
@@ -53,21 +98,47 @@ if TYPE_CHECKING:
         Verification,
         tool,
     )
+    from rayrollout.environment.nemo_gym.client import NemoGymError
+    from rayrollout.environment.nemo_gym.routes import EnvironmentRoutingError
+    from rayrollout.environment.openenv.channel import ActionRejected, OpenEnvError
+    from rayrollout.environment.registry import (
+        DuplicateEnvironmentError,
+        EnvironmentArgsError,
+        UnknownEnvironmentError,
+    )
     from rayrollout.environment.reset_step import (
         Opening,
         ResetStepEnvironment,
         ResetStepSession,
         StepResult,
     )
+    from rayrollout.environment.reset_step.protocol import ResetStepError
+    from rayrollout.environment.session_store import SessionNotOpen
+    from rayrollout.environment.sessions import EnvironmentLost, EnvironmentSetupFailed
     from rayrollout.environment.testing import play_in_both_hostings
+    from rayrollout.environment.tool_args import ToolCallRejected
     from rayrollout.errors import (
         ClusterError,
         EnvironmentBoundaryError,
+        EpisodesFailedError,
         InputError,
         OutputError,
         PolicyBoundaryError,
         RayrolloutError,
     )
+    from rayrollout.integrations.sequences import TooManyFailuresError
+    from rayrollout.policy.client import PolicyError, PolicyTimeout
+    from rayrollout.policy.gate import StaleEpisode
+    from rayrollout.policy.http import HttpStatusError, HttpTimeout, HttpTransportError
+    from rayrollout.policy.kinds import (
+        FixedWeights,
+        OwnServer,
+        PolicyKind,
+        UnknownPolicyKindError,
+        WeightUpdateError,
+        kind_settings,
+    )
+    from rayrollout.policy.tokens import TemplateError
 
 # Each public name -> the module defining it, imported when the name is first asked for.
 _HOMES = {
@@ -96,6 +167,10 @@ _HOMES = {
     "AgentEpisode": "rayrollout.agent",
     "EpisodeEnd": "rayrollout.agent",
     "OutOfTurns": "rayrollout.agent",
+    "PolicyKind": "rayrollout.policy.kinds",
+    "OwnServer": "rayrollout.policy.kinds",
+    "FixedWeights": "rayrollout.policy.kinds",
+    "kind_settings": "rayrollout.policy.kinds",
     "RayrolloutError": "rayrollout.errors",
     "InputError": "rayrollout.errors",
     "PolicyBoundaryError": "rayrollout.errors",
@@ -107,6 +182,72 @@ _HOMES = {
     "OutputNotEmptyError": "rayrollout.api.collect",
 }
 
+# Every other public class of the error tree -> its module, so any error imports from here.
+# tests/test_public_api.py walks the tree and holds this to it (the CLI's own errors and
+# private classes excepted); docs/reference/errors.md draws it.
+_ERROR_HOMES = {
+    "ActionRejected": "rayrollout.environment.openenv.channel",
+    "AgentArgsError": "rayrollout.agent.registry",
+    "BadRequest": "rayrollout.agent.openai_shapes",
+    "BadRequestError": "rayrollout.client.errors",
+    "BatchConflictError": "rayrollout.client.errors",
+    "BatchNotFoundError": "rayrollout.client.errors",
+    "ConfigError": "rayrollout.data.config",
+    "CursorGoneError": "rayrollout.api.service.batches",
+    "DuplicateEnvironmentError": "rayrollout.environment.registry",
+    "EmptyRunError": "rayrollout.data.episode_table",
+    "EngineDiedError": "rayrollout.api.rollout_engine",
+    "EngineExistsError": "rayrollout.api.rollout_engine",
+    "EngineGoneError": "rayrollout.client.errors",
+    "EnvironmentArgsError": "rayrollout.environment.registry",
+    "EnvironmentCheckError": "rayrollout.api.preflight",
+    "EnvironmentLost": "rayrollout.environment.sessions",
+    "EnvironmentRoutingError": "rayrollout.environment.nemo_gym.routes",
+    "EnvironmentSetupFailed": "rayrollout.environment.sessions",
+    "EnvironmentUnavailableError": "rayrollout.api.preflight",
+    "EnvironmentUrlError": "rayrollout.api.preflight",
+    "EpisodesFailedError": "rayrollout.errors",
+    "ExportError": "rayrollout.data.export.base",
+    "FrontPortTaken": "rayrollout.agent.gateway_front",
+    "HeadReadError": "rayrollout.data.task_shard_head",
+    "HttpStatusError": "rayrollout.policy.http",
+    "HttpTimeout": "rayrollout.policy.http",
+    "HttpTransportError": "rayrollout.policy.http",
+    "ImageError": "rayrollout.data.images",
+    "LateImages": "rayrollout.data.export.writing",
+    "LocalHeadError": "rayrollout.engine.local_head",
+    "NemoGymError": "rayrollout.environment.nemo_gym.client",
+    "OpenEnvError": "rayrollout.environment.openenv.channel",
+    "OpenJournalsError": "rayrollout.api.service.journal",
+    "OutputFolderError": "rayrollout.api.preflight",
+    "PartError": "rayrollout.data.run_folder",
+    "PolicyCheckError": "rayrollout.api.preflight",
+    "PolicyEndpointError": "rayrollout.engine.services",
+    "PolicyError": "rayrollout.policy.client",
+    "PolicyTimeout": "rayrollout.policy.client",
+    "PreflightError": "rayrollout.api.preflight",
+    "ResetStepError": "rayrollout.environment.reset_step.protocol",
+    "RowRefused": "rayrollout.data.tasks",
+    "ServiceBusyError": "rayrollout.client.errors",
+    "ServiceError": "rayrollout.client.errors",
+    "ServiceNotFoundError": "rayrollout.api.cluster",
+    "SessionNotOpen": "rayrollout.environment.session_store",
+    "ShardReadError": "rayrollout.data.task_shards",
+    "StaleEpisode": "rayrollout.policy.gate",
+    "TasksFileError": "rayrollout.api.preflight",
+    "TemplateError": "rayrollout.policy.tokens",
+    "TooManyFailuresError": "rayrollout.integrations.sequences",
+    "ToolCallRejected": "rayrollout.environment.tool_args",
+    "UnauthorizedError": "rayrollout.client.errors",
+    "UnknownAgentError": "rayrollout.agent.registry",
+    "UnknownEnvironmentError": "rayrollout.environment.registry",
+    "UnknownPolicyKindError": "rayrollout.policy.kinds",
+    "WeightUpdateError": "rayrollout.policy.kinds",
+    "WeightsPathError": "rayrollout.engine.weights",
+    "WriterError": "rayrollout.data.run_folder",
+}
+_HOMES.update(_ERROR_HOMES)
+
 __all__ = [
     "Agent",
     "AgentEpisode",
@@ -116,6 +257,7 @@ __all__ = [
     "EnvironmentBoundaryError",
     "Episode",
     "EpisodeEnd",
+    "FixedWeights",
     "InputError",
     "InvalidTaskError",
     "InvalidTasksError",
@@ -124,7 +266,9 @@ __all__ = [
     "OutOfTurns",
     "OutputError",
     "OutputNotEmptyError",
+    "OwnServer",
     "PolicyBoundaryError",
+    "PolicyKind",
     "RayrolloutError",
     "ResetStepEnvironment",
     "ResetStepSession",
@@ -136,12 +280,74 @@ __all__ = [
     "ToolResult",
     "Trajectory",
     "Verification",
+    "kind_settings",
     "load_config",
     "play_in_both_hostings",
     "read_tasks",
     "read_trajectories",
     "tool",
     "trajectory_arrow_schema",
+]
+__all__ += [  # the rest of the error tree (_ERROR_HOMES)
+    "ActionRejected",
+    "AgentArgsError",
+    "BadRequest",
+    "BadRequestError",
+    "BatchConflictError",
+    "BatchNotFoundError",
+    "ConfigError",
+    "CursorGoneError",
+    "DuplicateEnvironmentError",
+    "EmptyRunError",
+    "EngineDiedError",
+    "EngineExistsError",
+    "EngineGoneError",
+    "EnvironmentArgsError",
+    "EnvironmentCheckError",
+    "EnvironmentLost",
+    "EnvironmentRoutingError",
+    "EnvironmentSetupFailed",
+    "EnvironmentUnavailableError",
+    "EnvironmentUrlError",
+    "EpisodesFailedError",
+    "ExportError",
+    "FrontPortTaken",
+    "HeadReadError",
+    "HttpStatusError",
+    "HttpTimeout",
+    "HttpTransportError",
+    "ImageError",
+    "LateImages",
+    "LocalHeadError",
+    "NemoGymError",
+    "OpenEnvError",
+    "OpenJournalsError",
+    "OutputFolderError",
+    "PartError",
+    "PolicyCheckError",
+    "PolicyEndpointError",
+    "PolicyError",
+    "PolicyTimeout",
+    "PreflightError",
+    "ResetStepError",
+    "RowRefused",
+    "ServiceBusyError",
+    "ServiceError",
+    "ServiceNotFoundError",
+    "SessionNotOpen",
+    "ShardReadError",
+    "StaleEpisode",
+    "TasksFileError",
+    "TemplateError",
+    "TooManyFailuresError",
+    "ToolCallRejected",
+    "UnauthorizedError",
+    "UnknownAgentError",
+    "UnknownEnvironmentError",
+    "UnknownPolicyKindError",
+    "WeightUpdateError",
+    "WeightsPathError",
+    "WriterError",
 ]
 
 

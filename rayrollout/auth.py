@@ -1,27 +1,9 @@
 """Bearer tokens for rayrollout's HTTP routes: `env serve`, a run's Serve routes, vLLM control.
 
-Every HTTP surface rayrollout opens runs somebody's code on request: an environment's tools
-(the ``code`` environment runs any Python it is sent), the policy, vLLM's ``/pause`` and
-``/collective_rpc``. So each answers only requests carrying ``Authorization: Bearer
-<token>``. A run makes its own token (``new_token``); the replicas get only its SHA-256
-digest (``RouteAuth``), so the token is in no deployment config, log or Ray state, and the
-run's own processes present it (the workers as their policy key, the engine for weight
-updates). A route without a token is an explicit choice (``RouteAuth.open()``), made by
-the caller, never a default: NeMo Gym's agents send no credentials, so ``rayrollout env
-serve --no-auth`` exists for them, and says so loudly.
-
-The check is ASGI middleware (``BearerTokenGate``) on each FastAPI app. A Serve replica is
-its own process, so the replica's constructor installs its ``RouteAuth`` for the process
-(``RouteAuth.install``) and the middleware reads it; until one is installed every request
-is refused.
-
-Example:
-    >>> token = new_token()
-    >>> auth = RouteAuth.bearer(token)
-    >>> auth.accepts(f"Bearer {token}"), auth.accepts("Bearer guess"), auth.accepts(None)
-    (True, False, False)
-    >>> RouteAuth.open().accepts(None)
-    True
+Every HTTP surface rayrollout opens runs code on request, so each answers only
+``Authorization: Bearer <token>``. A run makes its token (``new_token``); replicas hold only
+its SHA-256 (``RouteAuth``), checked by ASGI middleware (``BearerTokenGate``). An open route
+is an explicit choice (``RouteAuth.open()``), never a default.
 """
 
 from __future__ import annotations

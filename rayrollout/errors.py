@@ -4,7 +4,7 @@ A caller catches "anything rayrollout refused" in one clause (``except Rayrollou
 one boundary (``except InputError``), the way httpx's ``_exceptions.py`` lets a caller catch
 any transport error. Every exception class in rayrollout derives from one base here and keeps
 its builtin base too (``class ConfigError(InputError, ValueError)``), so code written against
-``except ValueError`` before this tree existed still catches what it caught.
+``except ValueError`` catches it as well.
 
 The bases derive from ``RayrolloutError`` only, never from a builtin: a class picks its own
 builtin (``ValueError``, ``LookupError``, ``RuntimeError``), so joining the tree never makes
@@ -12,7 +12,7 @@ an ``except ValueError`` catch something it did not catch before.
 
 Inside an episode, failures stay data (a trajectory's ``status`` and ``error``); these types
 reach a caller only where a run as a whole cannot go on: bad input before anything runs, an
-output folder that cannot be written, a cluster service missing or taken, a trainer's batch
+output folder that cannot be written, an engine or app missing or taken, a trainer's batch
 with more failed episodes than its adapter accepts.
 
 The command line turns them into one line, ``error: <message>``, with exit code 2 for an
@@ -64,7 +64,8 @@ class OutputError(RayrolloutError):
 
 
 class ClusterError(RayrolloutError):
-    """A named service on the Ray cluster is missing, or taken by another run."""
+    """The engine, the service or an app of the run is missing on the Ray cluster, or taken by
+    another run."""
 
 
 class EpisodesFailedError(RayrolloutError):

@@ -1,32 +1,13 @@
 """Plugins found by name: the one mechanism behind the environment, agent and policy-kind
 registries.
 
-rayrollout finds its environments, agents and policy kinds the same way, so a package adds
-one by declaring an entry point, and nothing in rayrollout names it by module. A
-``PluginGroup`` is one such kind of plugin:
-
-- its entries come from one entry-point group (``rayrollout.environments``,
-  ``rayrollout.agents``, ``rayrollout.policies``), each a name and a ``"module:attr"``
-  target, plus any the group has built in;
-- a name registered twice with different targets is an error naming both, never a silent
-  winner;
-- a name resolves to one target: the run config's ``path`` for it, else its registration,
-  else the name itself when it is a ``"module:attr"`` path (where the group allows that);
-- a target is imported only when something asks for it, and once per process.
-
-What a target must be (an ``Environment`` subclass, an agent, a ``PolicyKind``) and how its
-``args`` are checked stay with each registry (``rayrollout.environment.registry``,
-``rayrollout.agent.registry``, ``rayrollout.policy.kinds``), and so do their error types.
+A ``PluginGroup`` reads one entry-point group (``rayrollout.environments``,
+``rayrollout.agents``, ``rayrollout.policies``), refuses a name with two targets, resolves a
+name (config ``path``, registration, ``"module:attr"``) and imports a target only when asked,
+so a package adds a plugin by declaring an entry point and rayrollout never names it.
 
 May import: the standard library and ``rayrollout.errors``; the registries of every part
 build on it.
-
-Example:
-    >>> group = PluginGroup("widget", "example.widgets", unknown=InputError)
-    >>> group.resolve("json:dumps").target
-    'json:dumps'
-    >>> group.load("json:dumps").__name__
-    'dumps'
 """
 
 from __future__ import annotations

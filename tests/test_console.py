@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from rayrollout.cli.commands import app
 from rayrollout.cli.console_log import LOG_FILE, routed_logs
-from rayrollout.cli.failures import ALL_FAILED_EXIT, reason_of, report_failures
+from rayrollout.cli.failures import ALL_FAILED_EXIT, reason_key, reason_of, report_failures
 from rayrollout.cli.progress import RunProgress, summary_table
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import EpisodeMetrics, Trajectory
@@ -35,14 +35,17 @@ def lines_of(console: Console) -> list[str]:
     return console.export_text().splitlines()
 
 
-def test_errors_differing_only_in_their_message_share_a_reason():
+def test_errors_differing_only_in_their_values_share_a_reason_that_keeps_the_cause():
     first = reason_of("tool 'explode' failed: RuntimeError: boom on 'a'")
-    assert first == reason_of("tool 'explode' failed: RuntimeError: boom on 'b'\nTraceback")
-    assert first == "tool 'explode' failed: RuntimeError"
-    assert reason_of("verifier failed: ValueError: no gold") == "verifier failed: ValueError"
-    assert reason_of("policy server answered HTTP 500: oops") == (
-        "policy server answered HTTP 500: oops"
-    )
+    assert first == "tool 'explode' failed: RuntimeError: boom on 'a'"  # the cause, not the type
+    second = reason_of("tool 'explode' failed: RuntimeError: boom on 'b'\nTraceback")
+    assert reason_key(first) == reason_key(second)
+    assert reason_key(first) != reason_key(reason_of("tool 'other' failed: RuntimeError: x"))
+    step = "tally environment 'tally' failed in step {}: ValueError: the tally broke"
+    assert reason_key(step.format(1)) == reason_key(step.format(2))  # one failure, any step
+    gem = "setting up the environment failed: ResetStepError: GEM id 'x' is not registered"
+    assert reason_of(gem) == gem
+    assert reason_key(gem) != reason_key(reason_of("verifier failed: ValueError: no gold"))
     assert reason_of(None) == reason_of("  ") == "(no error message)"
 
 
@@ -89,11 +92,11 @@ def test_progress_line_fits_80_columns_with_large_figures():
     with RunProgress(console, redirect=False) as progress:
         progress.begin(10000)
         progress.progress.update(
-            progress.task_id, completed=9999, rate=123.4, reward=0.5, errors=1234, in_flight=256
+            progress.task_id, completed=9999, rate=123.4, reward=0.5, failed=1234, in_flight=256
         )
     (line,) = [line for line in lines_of(console) if line.strip()]
     assert len(line) <= 80 and "…" not in line
-    assert "9999/10000" in line and "123.4/s" in line and "errors 1234" in line
+    assert "9999/10000" in line and "123.4/s" in line and "failed 1234" in line
 
 
 def test_routed_logs_keep_the_console_and_send_the_rest_to_the_file(tmp_path, capsys):
@@ -189,14 +192,15 @@ def test_failed_episodes_are_explained_with_a_command_to_show_one(tmp_path):
     report_failures(console, written_run(tmp_path / "out", outcomes))  # not all failed: no exit
     text = console.export_text()
     assert "failed: 5 of 7 episodes (error 4, timeout 1)" in text
-    assert "     4  tool 'explode' failed: RuntimeError\n" in text
+    assert "     4  tool 'explode' failed: RuntimeError: boom on '0'\n" in text
     assert "     1  policy call to http://x/v1 timed out" in text
     assert f"e.g. rayrollout show {tmp_path / 'out'} --task-id t0 --sample 0" in text
     assert "every episode failed" not in text
 
 
 def test_a_run_where_every_episode_failed_ends_with_exit_code_3(tmp_path):
-    outcomes = [("error", f"setting up the environment failed: no db {i}") for i in range(5)]
+    missing = ["db", "table", "user", "disk", "key"]
+    outcomes = [("error", f"setting up the environment failed: no {what}") for what in missing]
     outcomes += [("error", "verifier failed: KeyError: 'gold'")]
     console = Console(width=80, record=True)
     with pytest.raises(typer.Exit) as ended:

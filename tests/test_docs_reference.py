@@ -58,8 +58,11 @@ def missing_config_fields(page: str) -> list[str]:
     from rayrollout.deployments.vllm.app import VllmDeploymentConfig
 
     from rayrollout.data.config import RunConfig
+    from rayrollout.policy.kinds import policy_kind, policy_kinds
 
     wanted = config_paths(RunConfig) + config_paths(VllmDeploymentConfig)
+    for kind in policy_kinds():  # each kind's own settings, beside the common policy keys
+        wanted += config_paths(policy_kind(kind).settings_model, "policy.")
     return [path for path in wanted if f"| `{path}` |" not in page]
 
 
@@ -181,3 +184,66 @@ def test_the_results_kept_are_json_with_their_command():
     for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
         result = json.loads(path.read_text())
         assert result["command"].startswith("python benchmarks/"), path
+
+
+def error_classes() -> list[type[BaseException]]:
+    """Every class under ``RayrolloutError``, walked by this test itself after importing every
+    module of the package: private ones (a leading underscore) and the rollout service's
+    route-internal ``HttpError`` left out, as the page leaves them out."""
+    import importlib
+    import pkgutil
+
+    import rayrollout
+    from rayrollout.errors import RayrolloutError
+
+    for info in pkgutil.walk_packages(rayrollout.__path__, "rayrollout."):
+        if info.name.endswith("__main__"):
+            continue
+        try:
+            importlib.import_module(info.name)
+        except ImportError:
+            assert info.name.startswith("rayrollout.integrations."), info.name  # no trainer here
+    found: dict[type[BaseException], None] = {}
+    stack: list[type[BaseException]] = [RayrolloutError]
+    while stack:
+        cls = stack.pop()
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        if (
+            cls.__name__.startswith("_")
+            or not name.startswith("rayrollout.")  # a test's own subclass (test_plugins)
+            or name == "rayrollout.api.service.engine_link.HttpError"
+        ):
+            continue
+        found[cls] = None
+        stack += cls.__subclasses__()
+    return list(found)
+
+
+def missing_errors(page: str, classes: list[type[BaseException]]) -> list[str]:
+    """The classes not drawn in the page's tree, or without their row (name and import)."""
+    import rayrollout
+
+    drawn = page.split("```text\n", 1)[1].split("```", 1)[0] if "```text\n" in page else ""
+    names = {line.lstrip("│├└─ ").split(" ")[0] for line in drawn.splitlines()}
+    missing = []
+    for cls in classes:
+        public = getattr(rayrollout, cls.__name__, None) is cls
+        where = f"rayrollout.{cls.__name__}" if public else f"{cls.__module__}.{cls.__name__}"
+        if cls.__name__ not in names or f"| `{cls.__name__}` | `{where}` |" not in page:
+            missing.append(f"{cls.__module__}.{cls.__name__}")
+    return missing
+
+
+def test_every_error_class_is_on_the_errors_page():
+    classes = error_classes()
+    assert len(classes) >= 60  # the walk found the tree
+    page = (REFERENCE / "errors.md").read_text()
+    assert missing_errors(page, classes) == [], "run python docs/gen_reference.py"
+
+
+def test_the_errors_check_names_a_class_missing_from_the_page():
+    page = (REFERENCE / "errors.md").read_text()
+    without_row = "\n".join(line for line in page.splitlines() if "| `PartError` |" not in line)
+    assert missing_errors(without_row, error_classes()) == ["rayrollout.data.run_folder.PartError"]
+    undrawn = "\n".join(line for line in page.splitlines() if "─ PartError " not in line)
+    assert missing_errors(undrawn, error_classes()) == ["rayrollout.data.run_folder.PartError"]

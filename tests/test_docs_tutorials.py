@@ -13,59 +13,17 @@ and Serve as the reader's commands do, so Serve's default port must be free.
 
 from __future__ import annotations
 
-import os
-import re
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from docs_blocks import blocks, reader_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 TUTORIALS = ROOT / "docs" / "tutorials"
-FENCE = re.compile(r"^```(\w*)([^\n]*)\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
-SKIP = "<!-- docs-test: skip"
-
-
-@dataclass
-class Block:
-    """One fenced code block of a tutorial."""
-
-    language: str
-    title: str | None
-    code: str
-    skipped: bool
-    line: int
-
-
-def blocks(path: Path) -> list[Block]:
-    text = path.read_text(encoding="utf-8")
-    found = []
-    for match in FENCE.finditer(text):
-        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
-        title = re.search(r'title="([^"]+)"', match.group(2))
-        found.append(
-            Block(
-                language=match.group(1),
-                title=title.group(1) if title else None,
-                code=match.group(3),
-                skipped=before.strip().startswith(SKIP),
-                line=text[: match.start()].count("\n") + 1,
-            )
-        )
-    return found
-
-
-def reader_environment() -> dict[str, str]:
-    """A shell as the reader's, after the install step: this venv's scripts first on PATH,
-    no cluster to join, nothing extra on Python's path."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH")}
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env["RAY_USAGE_STATS_ENABLED"] = "0"
-    return env
 
 
 def serve_port_free(port: int = 8000) -> bool:

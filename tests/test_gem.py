@@ -1,7 +1,9 @@
-"""GEM's own environments through ``collect`` (the ``gem`` source, the ``reset_step``
-agent): game:GuessTheNumber-v0-easy, seeded per row. Each row's rewards must equal GEM's
-own when the game is reset with the same seed and stepped by hand with the same actions,
-the -0.1 of an answer without a guess included.
+"""GEM's own environments through ``collect`` with no flags beyond the environment's name
+(the ``gem`` source, played by its default agent ``reset_step``, within the game's own turn
+limit): game:GuessTheNumber-v0-easy, seeded per row, and a hard game given 12 turns, past
+the run's default of 8. Each row's rewards must equal GEM's own when the game is reset with
+the same seed and stepped by hand with the same actions, the -0.1 of an answer without a
+guess included.
 
 The scripted policy plays the model: each row's system prompt carries
 ``[[replies=[...]]]``, the k-th reply its k-th action (the last one again past the end).
@@ -19,17 +21,20 @@ gem = pytest.importorskip("gem", reason="GEM is not installed: pip install 'rayr
 from rayrollout import read_trajectories  # noqa: E402
 from rayrollout.cli.commands import app  # noqa: E402
 
+SOURCE = "rayrollout.environment.reset_step.gem:GemEnvironment"
+
 GAME = "game:GuessTheNumber-v0-easy"  # 1 to 10, four guesses
-MAX_TURNS = 6
+LONG = {"env_id": "game:GuessTheNumber-v0-hard", "env_kwargs": {"max_turns": 12}}  # 1 to 50
 
 
-def row(task_id, seed, replies):
+def row(task_id, seed, replies, env_id=GAME, **fields):
     system = f"Guess the number; put it in \\boxed{{}}. [[replies={json.dumps(replies)}]]"
     return {
         "task_id": task_id,
         "prompt": [{"role": "system", "content": system}],
-        "env_id": GAME,
+        "env_id": env_id,
         "seed": seed,
+        **fields,
     }
 
 
@@ -37,16 +42,19 @@ ROWS = [
     row("found", 3, ["\\boxed{11}", "\\boxed{5}", "\\boxed{4}"]),  # seed 3 hides a 4
     row("no-guess", 3, ["I would rather not."]),  # GEM's format error: -0.1, game over
     row("out-of-guesses", 8, ["\\boxed{1}", "\\boxed{2}", "\\boxed{3}", "\\boxed{10}"]),
+    # Out of range every time: the game goes on to its own 12 turns.
+    row("long", 5, ["\\boxed{99}"], env_id=LONG["env_id"], environment="gem_long"),
 ]
 
 
 def by_hand(task):
     """GEM's own loop over the same actions: make, reset(seed), step until it ends."""
     replies = json.loads(task["prompt"][0]["content"].split("[[replies=", 1)[1][:-2])
-    env = gem.make(task["env_id"])
+    kwargs = LONG["env_kwargs"] if task.get("environment") == "gem_long" else {}
+    env = gem.make(task["env_id"], **kwargs)
     env.reset(seed=task["seed"])
     rewards = []
-    for turn in range(MAX_TURNS):
+    for turn in range(50):  # the game ends itself
         _, reward, terminated, truncated, _ = env.step(replies[min(turn, len(replies) - 1)])
         rewards.append(float(reward))
         if terminated or truncated:
@@ -65,12 +73,14 @@ def gem_run(tmp_path_factory, serve_session):
             {
                 "namespace": "gem-tests",
                 "ray": {"serve_port": serve_session},
-                "episode": {"max_turns": MAX_TURNS},
+                "environments": {
+                    "gem_long": {"path": SOURCE, "args": {"env_kwargs": LONG["env_kwargs"]}}
+                },
             }
         )
     )
     out = base / "out"
-    args = ["collect", tasks, "--env", "gem", "--agent", "reset_step", "-n", "2", "--out", out]
+    args = ["collect", tasks, "--env", "gem", "-n", "2", "--out", out]  # no --agent
     result = CliRunner().invoke(app, [str(a) for a in [*args, "--config", config]])
     assert result.exit_code == 0, result.output
     found: dict[str, list] = {}
@@ -88,7 +98,7 @@ def test_rewards_equal_gems_own_for_the_same_seed_and_actions(gem_run, task):
         assert trajectory.status == "ok", trajectory.error
         assert [t.step_reward for t in trajectory.turns] == expected
         assert trajectory.reward == math.fsum(expected)
-        assert trajectory.verification["env_id"] == GAME
+        assert trajectory.verification["env_id"] == task["env_id"]
 
 
 def test_the_games_end_as_gem_ends_them(gem_run):
@@ -100,3 +110,14 @@ def test_the_games_end_as_gem_ends_them(gem_run):
     assert out["truncated"] and out["steps"] == 4
     # The first observation is GEM's instructions, after the row's system prompt.
     assert "You are playing Guess The Number" in found.messages[1].content
+
+
+def test_rows_naming_no_agent_are_played_by_reset_step(gem_run):
+    assert {t.played_by for samples in gem_run.values() for t in samples} == {"reset_step"}
+
+
+def test_a_game_plays_to_its_own_turn_limit_past_the_runs_default(gem_run):
+    for trajectory in gem_run["long"]:
+        assert trajectory.status == "ok", trajectory.error
+        assert trajectory.verification["truncated"] and trajectory.verification["steps"] == 12
+        assert len(trajectory.turns) == 12 > 8  # 8: the run's episode.max_turns by default

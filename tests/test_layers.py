@@ -36,6 +36,7 @@ RANKS = {
     "engine": 4,
     "api": 5,
     "cli": 6,
+    "__main__": 7,  # python -m rayrollout: the console script, run by a Python
 }
 PLUGINS = ("environments", "deployments", "agents")  # repo folders installed as rayrollout.*
 PLUGIN_MAY_IMPORT = {"errors", "auth", "data", "environment", "policy", "agent"}

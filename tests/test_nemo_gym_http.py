@@ -246,12 +246,22 @@ def test_a_session_left_open_by_its_client_is_released_after_the_idle_timeout(se
     )
     url = f"http://127.0.0.1:{serve_session}/http-booking-idle"
     handle = serve.get_deployment_handle("EnvironmentServer", "http-booking-idle")
+
+    # No step relies on a call landing within the timeout (on a loaded machine two calls
+    # can be seconds apart): the session may be released at any moment after it opens, so
+    # each count is taken as "held or released, once", and only the wait has a deadline.
+    def held_or_released() -> int:
+        while True:  # a sweep between the two counts would count a session twice or never
+            before = handle.expired_sessions.remote().result()
+            held = handle.open_sessions.remote().result()
+            if handle.expired_sessions.remote().result() == before:
+                return held + before
+
     try:
-        client = bearer_client()  # seeds, books, then walks away: no verify, no close
+        client = bearer_client()  # seeds, then walks away: no verify, no close
         assert client.post(f"{url}/seed_session", json=ROW).ok
-        assert client.post(f"{url}/book", json={"request": "suite, 2 nights"}).ok
-        assert handle.open_sessions.remote().result() == 1
-        deadline = time.monotonic() + 10
+        assert held_or_released() == 1
+        deadline = time.monotonic() + 60  # a bound on a sweep that never comes, not a margin
         while handle.open_sessions.remote().result():
             assert time.monotonic() < deadline, "the idle session was never released"
             time.sleep(0.1)
@@ -259,8 +269,8 @@ def test_a_session_left_open_by_its_client_is_released_after_the_idle_timeout(se
         late = client.post(f"{url}/list_bookings", json={})
         assert late.status_code == 404
         assert "idle past the environment's session timeout" in late.json()["detail"]
-        assert client.post(f"{url}/seed_session", json=ROW).ok  # the fix it names works
-        assert client.post(f"{url}/list_bookings", json={}).json() == []
+        assert client.post(f"{url}/seed_session", json=ROW).ok  # the fix it names works:
+        assert held_or_released() == 2  # a new session, held (or released in its turn)
     finally:
         serve.delete("http-booking-idle")
 

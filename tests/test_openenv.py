@@ -1,4 +1,5 @@
-"""OpenEnv environments through ``collect`` (the ``openenv`` source, the ``reset_step`` agent).
+"""OpenEnv environments through ``collect`` (the ``openenv`` source, played by its default
+agent ``reset_step``: the run names no agent).
 
 Two environments written on ``openenv``'s own server classes (``tests/openenv_envs.py``): an
 ``MCPEnvironment`` whose FastMCP tools the model calls, and one with a typed pydantic
@@ -168,7 +169,7 @@ def openenv_run(tmp_path_factory, serve_session, servers):
         )
     )
     out = base / "out"
-    args = ["collect", tasks, "--agent", "reset_step", "-n", "2", "--out", out, "--config", config]
+    args = ["collect", tasks, "-n", "2", "--out", out, "--config", config]  # no --agent
     result = CliRunner().invoke(app, [str(a) for a in args])
     assert result.exit_code == 0, result.output
     found: dict[str, list] = {}
@@ -205,6 +206,9 @@ def test_mcp_tools_are_offered_and_answered_as_tool_messages(openenv_run):
     assert [m.content for m in tool_messages][:1] == ["7"]  # seed 3, add 4
     assert "invalid_args" in tool_messages[1].content  # the model's bad arguments, read back
     assert trajectory.verification["final_observation"] == ["correct"]
+    assert trajectory.played_by == "reset_step"
+    # Every reply was a tool call the environment ran as its step: counted as tool calls.
+    assert trajectory.metrics.tool_calls == 3 and trajectory.metrics.tools_used == ["add", "submit"]
 
 
 def test_a_typed_action_is_the_replys_json_and_a_bad_one_is_read_back(openenv_run):

@@ -89,3 +89,33 @@ def test_the_scripted_policy_calls_the_tools_a_prompt_scripts():
     assert next_action(messages, []).text == "Done."
     broken = [{"role": "user", "content": 'Hi [[replies=[{"arguments": {}}]]]'}]
     assert next_action(broken, []).text.startswith("I have no tools")  # no tool name: ignored
+
+
+def test_a_missing_class_is_found_in_the_source_without_running_the_module(tmp_path, monkeypatch):
+    from rayrollout.environment.openenv.checks import class_problem
+
+    (tmp_path / "slow_envs.py").write_text(
+        "raise RuntimeError('importing me is slow and fails')\n\nclass GuessEnv:\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    line = class_problem("slow_envs:GuesEnv", "env_class", "builtins:object")
+    assert line == (
+        "OpenEnv env_class 'slow_envs:GuesEnv': module 'slow_envs' has no 'GuesEnv'; did you "
+        "mean 'slow_envs:GuessEnv'?"
+    )
+    line = class_problem("no_such_envs:GuessEnv", "env_class", "builtins:object")
+    assert "cannot be imported: ModuleNotFoundError: No module named 'no_such_envs'" in line
+
+
+def test_a_module_that_makes_its_names_at_run_time_is_imported_to_be_checked(tmp_path, monkeypatch):
+    from rayrollout.environment.openenv.checks import class_problem
+
+    (tmp_path / "lazy_envs.py").write_text(
+        "def __getattr__(name):\n    if name == 'GuessEnv':\n        return type(name, (), {})\n"
+        "    raise AttributeError(name)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert class_problem("lazy_envs:GuessEnv", "env_class", "builtins:object") is None
+    assert "is not a subclass of OpenEnv's int" in class_problem(
+        "lazy_envs:GuessEnv", "env_class", "builtins:int"
+    )

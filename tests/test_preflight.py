@@ -14,6 +14,7 @@ list) and a port nothing listens on.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -381,6 +382,219 @@ def test_the_real_command_refuses_an_unknown_agent_before_ray_starts(real_cli):
     line = refused_in_a_process(run(tasks, "--agent", "nope", "--out", folder / "out"), folder)
     assert "unknown agent 'nope' in --agent" in line
     assert not (folder / "out").exists()
+
+
+# Environment sources: what each can check of its args and rows before the start.
+
+NEAR_IDS = [f"aaa:{i}" for i in range(6)] + [
+    "game:GuessTheNumber-v0-easy",
+    "game:GuessTheNumber-v0-hard",
+    "game:Mastermind-v0-easy",
+    "rg:leg_counting",
+]
+
+
+def source_rows(folder: Path, environment: str, *fields: dict[str, Any]) -> Path:
+    """Rows of ``environment``, the i-th with ``fields[i]`` (an id, a seed) added."""
+    path = folder / "tasks.jsonl"
+    rows = [
+        {"task_id": f"t{i}", "prompt": "hi", "environment": environment, **extra}
+        for i, extra in enumerate(fields)
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.fixture
+def gem_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GEM as installed, with the registry ``NEAR_IDS`` (GEM itself needs a venv of its own)."""
+    from rayrollout.environment.reset_step.gem import GemEnvironment
+
+    monkeypatch.setattr(GemEnvironment, "unavailable_reason", classmethod(lambda cls: None))
+    monkeypatch.setattr(GemEnvironment, "known_ids", classmethod(lambda cls: NEAR_IDS))
+
+
+def test_a_gem_id_that_is_not_registered_is_one_line_with_the_nearest_ids(
+    tmp_path, starts, gem_registry
+):
+    good, wrong = (
+        {"env_id": "game:GuessTheNumber-v0-easy"},
+        {"env_id": "game:GuessTheNumbr-v0-easy"},
+    )
+    tasks = source_rows(tmp_path, "gem", good, wrong, wrong)
+    for flags in ((), ("--skip-invalid",)):  # every row sharing the id would fail: the run's
+        line = refused(*collect(tasks, "--out", tmp_path / "out", *flags), starts)
+        assert line.startswith(
+            "error: environment 'gem': GEM environment id 'game:GuessTheNumbr-v0-easy' is not "
+            "registered; did you mean 'game:GuessTheNumber-v0-easy'"
+        )
+        assert "aaa:" not in line  # the near match, not the first ids alphabetically
+        assert line.endswith("(2 row(s) of tasks.jsonl, first: task_id 't1'). Nothing was started")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_gem_id_in_the_config_and_a_bad_seed_in_a_row_are_refused(tmp_path, starts, gem_registry):
+    source = "rayrollout.environment.reset_step.gem:GemEnvironment"
+    config = config_file(
+        tmp_path,
+        environments={"guess": {"path": source, "args": {"env_id": "game:Mastermnd-v0-easy"}}},
+    )
+    tasks = source_rows(tmp_path, "guess", {})
+    line = refused(*collect(tasks, "--out", tmp_path / "out", "--config", config), starts)
+    assert "environment 'guess': GEM environment id 'game:Mastermnd-v0-easy'" in line
+    assert "did you mean 'game:Mastermind-v0-easy'" in line  # the nearest first
+    tasks = source_rows(tmp_path, "gem", {"env_id": "game:GuessTheNumber-v0-easy", "seed": -3})
+    line = refused(*collect(tasks, "--out", tmp_path / "out"), starts)
+    assert "the seed must be a whole number >= 0 (GEM's own rule), got -3" in line
+
+
+def test_gem_rows_with_registered_ids_reach_the_start(tmp_path, starts, gem_registry):
+    tasks = source_rows(tmp_path, "gem", {"env_id": "game:GuessTheNumber-v0-easy", "seed": 3})
+    code, output, exception = collect(tasks, "--out", tmp_path / "out")
+    assert isinstance(exception, Started), output
+
+
+def test_gem_not_installed_is_one_line_naming_the_extra(tmp_path, starts):
+    if importlib.util.find_spec("gem") is not None:
+        pytest.skip("GEM is installed here")
+    tasks = source_rows(tmp_path, "gem", {"env_id": "game:GuessTheNumber-v0-easy"})
+    line = refused(*collect(tasks, "--out", tmp_path / "out"), starts)
+    assert line == (
+        "error: environment 'gem' cannot run on this machine: the 'gem' package (GEM) is not "
+        "installed; pip install 'rayrollout[gem]'. Nothing was started"
+    )
+
+
+def test_a_skyrl_gym_env_class_that_is_not_registered_is_one_line_with_the_nearest(
+    tmp_path, starts
+):
+    pytest.importorskip("skyrl_gym", reason="skyrl-gym is not installed")
+    good, wrong = {"env_class": "gsm8k"}, {"env_class": "gsm8k_multiturn"}
+    tasks = source_rows(tmp_path, "skyrl_gym", good, wrong)
+    line = refused(*collect(tasks, "--out", tmp_path / "out"), starts)
+    assert line == (
+        "error: environment 'skyrl_gym': skyrl-gym environment id 'gsm8k_multiturn' is not "
+        "registered; did you mean 'gsm8k_multi_turn'? (1 row(s) of tasks.jsonl, first: "
+        "task_id 't1'). Nothing was started"
+    )
+    tasks = source_rows(tmp_path, "skyrl_gym", {})  # no env_class, no env_id argument
+    line = refused(*collect(tasks, "--out", tmp_path / "out"), starts)
+    assert "no id; give the rows the field 'env_class' or set environments.NAME.args.env_id" in line
+
+
+def test_a_skyrl_gym_env_id_in_the_config_that_is_not_registered_is_refused(tmp_path, starts):
+    pytest.importorskip("skyrl_gym", reason="skyrl-gym is not installed")
+    source = "rayrollout.environment.reset_step.skyrl_gym:SkyrlGymEnvironment"
+    config = config_file(
+        tmp_path, environments={"sql": {"path": source, "args": {"env_id": "text2sq"}}}
+    )
+    line = refused(
+        *collect(source_rows(tmp_path, "sql", {}), "--out", tmp_path / "out", "--config", config),
+        starts,
+    )
+    assert line == (
+        "error: environment 'sql': skyrl-gym environment id 'text2sq' is not registered; did "
+        "you mean 'text2sql'? Nothing was started"
+    )
+
+
+OPENENV = "rayrollout.environment.openenv:OpenEnvEnvironment"
+
+
+def openenv_config(folder: Path, **args: Any) -> Path:
+    return config_file(folder, environments={"counter": {"path": OPENENV, "args": args}})
+
+
+def test_an_openenv_url_that_does_not_answer_or_is_no_openenv_server_is_refused(tmp_path, starts):
+    tasks = source_rows(tmp_path, "counter", {})
+    port = free_port()
+    config = openenv_config(tmp_path, url=f"http://127.0.0.1:{port}")
+    line = refused(*collect(tasks, "--out", tmp_path / "out", "--config", config), starts)
+    assert line == (
+        f"error: environment 'counter': OpenEnv server at http://127.0.0.1:{port} does not "
+        f"answer (GET http://127.0.0.1:{port}/schema: Connection refused): start the server, "
+        "or fix environments.NAME.args.url. Nothing was started"
+    )
+    with Endpoint(status=404) as endpoint:  # an HTTP server, not OpenEnv's
+        config = openenv_config(tmp_path, url=endpoint.base_url)
+        line = refused(*collect(tasks, "--out", tmp_path / "out", "--config", config), starts)
+    assert "answers HTTP 404 to GET /schema: is it an OpenEnv server" in line
+
+
+def test_an_openenv_class_or_module_that_does_not_import_is_refused_with_the_nearest_name(
+    tmp_path, starts
+):
+    pytest.importorskip("openenv", reason="OpenEnv is not installed")
+    tasks = source_rows(tmp_path, "counter", {})
+    config = openenv_config(tmp_path, env_class="openenv_envs:CountEnv")
+    line = refused(*collect(tasks, "--out", tmp_path / "out", "--config", config), starts)
+    assert line == (
+        "error: environment 'counter': OpenEnv env_class 'openenv_envs:CountEnv': module "
+        "'openenv_envs' has no 'CountEnv'; did you mean 'openenv_envs:CounterEnv'? Nothing was "
+        "started"
+    )
+    config = openenv_config(tmp_path, env_class="openenv_env:CounterEnv")
+    line = refused(*collect(tasks, "--out", tmp_path / "out", "--config", config), starts)
+    assert "env_class 'openenv_env:CounterEnv' cannot be imported: ModuleNotFoundError" in line
+    config = openenv_config(tmp_path, env_class="openenv_envs:GuessAction")
+    line = refused(*collect(tasks, "--out", tmp_path / "out", "--config", config), starts)
+    assert "is not a subclass of OpenEnv's Environment" in line
+    config = openenv_config(tmp_path, env_class="openenv_envs:CounterEnv")
+    code, output, exception = collect(tasks, "--out", tmp_path / "out", "--config", config)
+    assert isinstance(exception, Started), output
+
+
+def test_an_openenv_class_without_the_openenv_package_names_the_extra(
+    tmp_path, starts, monkeypatch
+):
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:  # openenv uninstalled, for this process
+        return None if name == "openenv" else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    tasks = source_rows(tmp_path, "counter", {})
+    config = openenv_config(tmp_path, env_class="openenv_envs:CounterEnv")
+    line = refused(*collect(tasks, "--out", tmp_path / "out", "--config", config), starts)
+    assert line == (
+        "error: environment 'counter': OpenEnv environment openenv_envs:CounterEnv: the "
+        "'openenv' package is not installed; pip install 'rayrollout[openenv]'. Nothing was "
+        "started"
+    )
+
+
+def test_the_args_of_an_environment_are_not_probed_when_the_run_joins_a_cluster(
+    tmp_path, starts, monkeypatch
+):
+    tasks = source_rows(tmp_path, "counter", {})
+    config = openenv_config(tmp_path, url=f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # the cluster's nodes reach the server
+    code, output, exception = collect(tasks, "--out", tmp_path / "out", "--config", config)
+    assert isinstance(exception, Started), output
+
+
+def test_verifiers_rows_without_verifiers_installed_are_one_line(tmp_path, starts):
+    if importlib.util.find_spec("verifiers") is not None:
+        pytest.skip("verifiers is installed here")
+    tasks = source_rows(tmp_path, "verifiers", {"vf_env": "my_tool_env"})
+    line = refused(*collect(tasks, "--out", tmp_path / "out"), starts)
+    assert line.startswith("error: environment 'verifiers' cannot run on this machine: ")
+    assert "pip install 'rayrollout[verifiers]'" in line
+
+
+def test_a_row_past_the_head_naming_an_unknown_id_stops_the_run_naming_its_line(gem_registry):
+    from rayrollout.api.collect_plan import TaskCheck
+    from rayrollout.api.preflight import EnvironmentCheckError
+    from rayrollout.data.schema import Task
+
+    check = TaskCheck(RunConfig(), head=[])
+    fields = {"env_id": "game:GuessTheNumber-v0-easy"}
+    prompt = [{"role": "user", "content": "hi"}]
+    row = {"task_id": "t", "prompt": prompt, "environment": "gem", "fields": fields}
+    check(Task.model_validate(row), "tasks.jsonl line 1500")  # a registered id passes
+    row["fields"] = {"env_id": "game:GuessTheNumbr-v0-easy"}
+    with pytest.raises(EnvironmentCheckError, match="at tasks.jsonl line 1501: GEM environment"):
+        check(Task.model_validate(row), "tasks.jsonl line 1501")
 
 
 # An external policy: its key and one probe of its endpoint.

@@ -15,12 +15,14 @@ from rayrollout import errors
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The pages a user reads and the examples a user copies. docs/reference/python-api.md is
-# left out: it is generated from ``__all__`` itself, so it cannot tell what the docs use.
+# The pages a user reads and the examples a user copies. docs/reference/python-api.md and
+# errors.md are left out: they are generated from ``__all__`` and the error tree themselves,
+# so they cannot tell what the docs use.
 DOC_FILES = sorted(
     [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "examples").rglob("*.py")]
 )
-DOC_FILES = [p for p in DOC_FILES if p != ROOT / "docs" / "reference" / "python-api.md"]
+GENERATED = {ROOT / "docs" / "reference" / name for name in ("python-api.md", "errors.md")}
+DOC_FILES = [p for p in DOC_FILES if p not in GENERATED]
 
 # Plugins (the repo's deployments/, environments/ and agents/ folders) are packages of their
 # own that the core finds by name; an example may use one (a model builder of a deployment).
@@ -72,7 +74,7 @@ def doc_imports() -> list[tuple[str, str, list[str]]]:
 
 def test_the_public_names_are_the_documented_ones():
     assert len(rayrollout.__all__) == len(set(rayrollout.__all__))
-    assert set(rayrollout.__all__) == documented_names()
+    assert set(rayrollout.__all__) == documented_names() | set(rayrollout._ERROR_HOMES)
     assert set(rayrollout._HOMES) == set(rayrollout.__all__)
 
 
@@ -131,7 +133,8 @@ def test_every_public_name_is_used_by_the_docs():
     )
     code += "\n".join(p.read_text() for p in DOC_FILES if p.suffix == ".py")
     used = {name for name in rayrollout.__all__ if re.search(rf"(?<!\w){name}(?!\w)", code)}
-    assert set(rayrollout.__all__) - used == REFERENCE_ONLY
+    # The rest of the error tree is told about on its own page (docs/reference/errors.md).
+    assert set(rayrollout.__all__) - used - set(rayrollout._ERROR_HOMES) == REFERENCE_ONLY
     assert REFERENCE_ONLY <= set(rayrollout.__all__)
 
 
@@ -203,6 +206,29 @@ def test_every_exception_joins_the_tree_under_one_boundary():
             continue
         assert issubclass(cls, errors.RayrolloutError), cls
         assert sum(issubclass(cls, base) for base in boundaries) == 1, cls
+
+
+def test_every_public_error_imports_from_rayrollout():
+    """One place for "what can this raise": each class of the tree is ``rayrollout.NAME``,
+    except private ones, control flow (NOT_ERRORS) and the CLI's own (the facade may not
+    import the CLI, which prints them)."""
+    tree = [cls for cls in every_exception_class() if issubclass(cls, errors.RayrolloutError)]
+    public = [
+        cls
+        for cls in tree
+        if not cls.__name__.startswith("_")
+        and f"{cls.__module__}.{cls.__name__}" not in NOT_ERRORS
+        and not cls.__module__.startswith("rayrollout.cli.")
+    ]
+    assert len(public) >= 60
+    wrong = [
+        f"{cls.__module__}.{cls.__name__}"
+        for cls in public
+        if getattr(rayrollout, cls.__name__, None) is not cls
+    ]
+    assert not wrong, f"add to rayrollout._ERROR_HOMES (and __all__): {wrong}"
+    stale = set(rayrollout._ERROR_HOMES) - {cls.__name__ for cls in public}
+    assert not stale, f"in rayrollout._ERROR_HOMES but not an error class of the tree: {stale}"
 
 
 @pytest.mark.parametrize(

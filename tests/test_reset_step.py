@@ -30,13 +30,14 @@ def invoke(*args):
     return result.exit_code, result.output
 
 
-def row(task_id, replies, agent="reset_step", **fields):
+def row(task_id, replies, agent=None, **fields):
+    """A row of the tally environment; no agent: its declared default, reset_step, plays it."""
     prompt = f"Score points. [[replies={json.dumps(replies)}]]"
     return {
         "task_id": task_id,
         "prompt": [{"role": "system", "content": prompt}],
         "environment": "tally",
-        "agent": agent,
+        **({"agent": agent} if agent else {}),
         **fields,
     }
 
@@ -44,7 +45,7 @@ def row(task_id, replies, agent="reset_step", **fields):
 ROWS = [
     row("stop", ["-1", "3", "stop"]),
     row("limit", ["2.5"], limit=2),
-    row("turns", ["1"]),
+    row("turns", ["1"], agent="reset_step"),  # named: the same agent
     row("boom", ["1", "boom"]),
     row("nan", ["nan"]),
     row("tool-loop", ["1"], agent="tool_loop"),
@@ -121,11 +122,17 @@ def test_an_environment_that_breaks_ends_its_episode_naming_it(tally_run):
     assert "unusable 'reward': Input should be a finite number" in nan.error
 
 
-def test_another_agent_on_a_reset_step_environment_is_told_to_use_reset_step(tally_run):
+def test_rows_naming_no_agent_are_played_by_the_environments_default(tally_run):
+    rows = tally_run[1]
+    assert {rows[name].played_by for name in ("stop", "limit", "boom", "turns")} == {"reset_step"}
+
+
+def test_a_row_naming_another_agent_wins_and_is_told_to_use_reset_step(tally_run):
     played = tally_run[1]["tool-loop"]
+    assert played.played_by == "tool_loop"  # the row's own choice wins over the default
     assert played.status == "error"
     assert "is a reset/step environment and was never reset" in played.error
-    assert "--agent reset_step" in played.error
+    assert "play it with the reset_step agent, its default" in played.error
 
 
 def test_show_lists_each_step_reward(tally_run):

@@ -1,6 +1,7 @@
-"""skyrl-gym's own environments through ``collect`` (the ``skyrl_gym`` source, the
-``reset_step`` agent): gsm8k_multi_turn, and text2sql on a small SQLite file in Spider's
-layout made here. Each row's rewards must equal skyrl-gym's own when its environment is
+"""skyrl-gym's own environments through ``collect`` with no flags beyond the environment's
+name (the ``skyrl_gym`` source, played by its default agent ``reset_step``, within each
+environment's own turn limit): gsm8k_multi_turn, and text2sql on a small SQLite file in
+Spider's layout made here. Each row's rewards must equal skyrl-gym's own when its environment is
 stepped by hand with the same actions, negative ones included.
 
 The scripted policy plays the model: each row's system prompt carries
@@ -22,8 +23,6 @@ from omegaconf import OmegaConf  # noqa: E402 (skyrl-gym's dependency: after its
 
 from rayrollout import read_trajectories  # noqa: E402
 from rayrollout.cli.commands import app  # noqa: E402
-
-MAX_TURNS = 5  # the run's episode.max_turns
 
 
 def row(task_id, question, replies, **fields):
@@ -63,6 +62,8 @@ ROWS = [
     # Right at the third try: 0.2/3 per well-formed wrong answer, then 1: above 1 summed.
     gsm8k("gsm8k-third", ["I think #### 70", "#### 71", "#### 72"]),
     gsm8k("gsm8k-never", ["no idea"], max_turns=2),
+    # Its own limit of 10 turns, past the run's default of 8: played to the end.
+    gsm8k("gsm8k-long", ["#### 1"], max_turns=10),
     # A query, then the answer in the format text2sql scores: 1.
     text2sql(
         "sql-right",
@@ -93,7 +94,7 @@ def by_hand(task, env_config):
     env = skyrl_gym.make(task["env_class"], env_config=OmegaConf.create(env_config), extras=extras)
     env.init(task["prompt"])
     rewards = []
-    for turn in range(MAX_TURNS):
+    for turn in range(50):  # the environment ends itself
         answer = env.step(replies[min(turn, len(replies) - 1)])
         rewards.append(float(answer["reward"]))
         if answer["done"]:
@@ -115,12 +116,11 @@ def skyrl_run(tmp_path_factory, serve_session):
                 "namespace": "skyrl-tests",
                 "ray": {"serve_port": serve_session},
                 "environments": {"skyrl_gym": {"args": {"env_config": env_config}}},
-                "episode": {"max_turns": MAX_TURNS},
             }
         )
     )
     out = base / "out"
-    args = ["collect", tasks, "--env", "skyrl_gym", "--agent", "reset_step", "--out", out]
+    args = ["collect", tasks, "--env", "skyrl_gym", "--out", out]  # no --agent
     result = CliRunner().invoke(app, [str(a) for a in [*args, "--config", config]])
     assert result.exit_code == 0, result.output
     return {t.task_id: t for t in read_trajectories(out)}, env_config
@@ -136,6 +136,14 @@ def test_rewards_equal_skyrl_gyms_own_for_the_same_actions(skyrl_run, task):
     assert trajectory.reward == math.fsum(expected)
     assert trajectory.verification["source"] == "skyrl-gym"
     assert trajectory.verification["env_id"] == task["env_class"]
+
+
+def test_rows_naming_no_agent_play_with_reset_step_to_the_environments_own_limit(skyrl_run):
+    rows, _ = skyrl_run
+    assert {t.played_by for t in rows.values()} == {"reset_step"}
+    long = rows["gsm8k-long"]
+    assert long.status == "ok" and long.verification["terminated"]
+    assert long.verification["steps"] == len(long.turns) == 10 > 8  # 8: the run's default
 
 
 def test_the_rewards_cover_negative_and_above_one(skyrl_run):

@@ -151,15 +151,46 @@ def test_identical_nemo_gym_lines_are_separate_tasks_numbered_by_line(tmp_path):
     assert len({t.task_id for t in plan.tasks}) == 3  # rows in memory: numbered by position
 
 
-def test_a_users_own_duplicate_task_id_is_still_refused_naming_both_lines(tmp_path):
-    rows = [nemo_gym_row(task_id="hand-1"), nemo_gym_row("Hit me."), nemo_gym_row(task_id="hand-1")]
+def test_identical_nemo_gym_lines_with_their_own_id_are_separate_tasks_numbered_by_copy(
+    tmp_path,
+):
+    # NeMo Gym plays every line it reads (multichallenge repeats one byte for byte): the
+    # first keeps its id, the k-th copy is "<id>#k", each time the file is read.
+    hand = nemo_gym_row(task_id="hand-1")
+    rows = [hand, nemo_gym_row("Hit me."), hand, nemo_gym_row(task_id="hand-2"), hand]
     path = write_rows(tmp_path / "blackjack.jsonl", rows)
+    tasks = list(read_tasks(path, default_environment="gym"))
+    ids = [t.task_id for t in tasks]
+    assert ids[0] == "hand-1" and ids[2:] == ["hand-1#1", "hand-2", "hand-1#2"]
+    assert [t.task_id for t in read_tasks(path, default_environment="gym")] == ids
+    assert tasks[2].fields == tasks[0].fields == hand  # the row goes back whole, unrenamed
+
+
+def test_a_repeated_id_with_other_content_or_in_our_own_format_is_refused(tmp_path):
+    rows = [nemo_gym_row(task_id="hand-1"), nemo_gym_row("Hit me.", task_id="hand-1")]
     with pytest.raises(InvalidTaskError) as caught:
-        list(read_tasks(path, default_environment="gym"))
-    print(f"\nOWN ID {caught.value}")
+        list(read_tasks(write_rows(tmp_path / "clash.jsonl", rows), default_environment="gym"))
+    print(f"\nCLASH {caught.value}")
+    assert "task_id 'hand-1' is also on line 1, with different content" in str(caught.value)
+    path = write_rows(tmp_path / "own.jsonl", [own_row(1), own_row(1)])
+    with pytest.raises(InvalidTaskError) as caught:
+        list(read_tasks(path))
     assert str(caught.value) == (
-        "blackjack.jsonl line 3, field 'task_id': task_id 'hand-1' repeats line 1 exactly; "
+        "own.jsonl line 2, field 'task_id': task_id 't1' repeats line 1 exactly; "
         "remove the copy (more samples of one task: --num-repeats)"
+    )
+    # A copy whose numbered id another row holds: both rows named.
+    rows = [
+        nemo_gym_row(task_id="h"),
+        nemo_gym_row("Hit me.", task_id="h#1"),
+        nemo_gym_row(task_id="h"),
+    ]
+    with pytest.raises(InvalidTaskError) as caught:
+        list(read_tasks(write_rows(tmp_path / "taken.jsonl", rows), default_environment="gym"))
+    print(f"TAKEN {caught.value}")
+    assert str(caught.value) == (
+        "taken.jsonl line 3, field 'task_id': task_id 'h' repeats line 1 exactly, and 'h#1', "
+        "the id of copy 1, is taken by line 2: give one of these rows another task_id"
     )
 
 
@@ -389,3 +420,37 @@ def test_a_streamed_run_stops_at_a_bad_row_and_resume_writes_only_what_is_missin
     keys = [(t.task_id, t.sample_index) for t in read_trajectories(tmp_path / "out")]
     assert len(keys) == len(set(keys)) == 60  # 0 duplicated, 0 lost
     assert set(keys) == {(f"t{i}", s) for i in range(30) for s in range(2)}
+
+
+def test_identical_nemo_gym_lines_play_as_separate_tasks_and_resume_writes_only_what_is_missing(
+    tmp_path, small_head, serve_session
+):
+    from rayrollout import RolloutEngine, read_trajectories
+
+    copy = nemo_gym_row(task_id="q-3", environment="echo")
+    rows = [own_row(i) for i in range(12)]
+    rows[2:2] = [copy, copy, copy]  # lines 3-5: one line, three times, as multichallenge has
+    rows.append(copy)  # and once more past the head
+    rows[13] = '{"prompt": "broken'
+    path = write_rows(tmp_path / "tasks.jsonl", rows)
+    config = {
+        "namespace": f"stream-copies-{tmp_path.name}",
+        "ray": {"serve_port": serve_session},
+        "environments": {"echo": {"path": "fixture_envs:EchoEnv"}},
+        "output": {"dir": str(tmp_path / "out")},
+        "num_repeats": 2,
+        "concurrency": 4,
+    }
+    with RolloutEngine(config) as engine, pytest.raises(InvalidTasksError):
+        engine.collect(path)
+    first = {(t.task_id, t.sample_index) for t in read_trajectories(tmp_path / "out")}
+    assert {i for i, _ in first} >= {"q-3", "q-3#1", "q-3#2"}  # stopped at line 14
+    rows[13] = own_row(99)  # fixed
+    write_rows(path, rows)
+    with RolloutEngine({**config, "resume": True}) as engine:
+        result = engine.collect(path)
+    keys = [(t.task_id, t.sample_index) for t in read_trajectories(tmp_path / "out")]
+    ids = {"q-3", "q-3#1", "q-3#2", "q-3#3", *(f"t{i}" for i in [*range(12), 99] if i != 10)}
+    assert len(keys) == len(set(keys)) == 2 * len(ids)  # 0 duplicated, 0 lost
+    assert set(keys) == {(i, s) for i in ids for s in range(2)}
+    assert result.summary.total.episodes == 2 * len(ids) - len(first)  # nothing again

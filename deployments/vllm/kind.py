@@ -1,7 +1,9 @@
-"""vLLM as a policy kind (``policy.kind: vllm``): its Ray Serve LLM app and its weight updates.
+"""vLLM as a policy kind (``policy.kind: vllm``): its settings, its Ray Serve LLM app and its
+weight updates.
 
 Registered under the ``rayrollout.policies`` entry point (pyproject.toml); the engine finds
-it by name (``rayrollout.policy.kinds``).
+it by name (``rayrollout.policy.kinds``). Its one setting is ``policy.vllm_config``, the
+deployment file.
 
 Weight updates go over the app's control endpoints (Ray's ``DevIngress``, deployed with
 ``control_endpoints: true``): ``POST /pause`` (vLLM's ``pause_generation`` on every replica,
@@ -18,21 +20,50 @@ from __future__ import annotations
 from typing import Any
 
 import aiohttp
+from pydantic import BaseModel, ConfigDict, Field
 from rayrollout.deployments.vllm.app import build_vllm_app, load_vllm_config, resolve_model_source
 from rayrollout.deployments.vllm.worker import RELOAD_METHOD
 
 from rayrollout.auth import RouteAuth, bearer_header
 from rayrollout.data.config import RunConfig
 from rayrollout.policy.gate import PauseMode
-from rayrollout.policy.kinds import PolicyKind, WeightUpdateError
+from rayrollout.policy.kinds import PolicyKind, WeightUpdateError, kind_settings
 
-__all__ = ["VLLM", "VllmWeights", "build_vllm_policy_app"]
+__all__ = ["VLLM", "VllmSettings", "VllmWeights", "build_vllm_policy_app"]
 
 # vLLM's pause_generation mode per rayrollout pause mode: agents have already finished
 # ('wait') or cancelled ('abort_and_retry') their calls; 'continue' freezes the calls left
 # in flight and lets them go on after resume.
 _VLLM_PAUSE = {"wait": "keep", "abort_and_retry": "abort", "continue": "keep"}
 _CONTROL_TIMEOUT_S = 600.0
+
+
+class VllmSettings(BaseModel):
+    """The vLLM kind's own ``policy:`` keys."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    vllm_config: str | None = Field(
+        default=None,
+        description="Path of the deployment YAML (deployments/vllm/cpu.yaml); unset with "
+        "base_url: the app already up there.",
+    )
+
+
+def check_vllm_policy(config: RunConfig, settings: VllmSettings) -> None:
+    """What the run's config cannot ask of a vLLM app, refused before anything starts
+    rather than as a 404 on every episode of a run that took minutes to start."""
+    policy = config.policy
+    if policy.api == "responses" and policy.prompt_mode == "messages":
+        raise ValueError(
+            "api 'responses' does not work with kind 'vllm': Ray Serve LLM's ingress has "
+            "no /v1/responses. Use api: chat, or prompt_mode: token_ids (/v1/completions)"
+        )
+    if policy.base_url and settings.vllm_config:
+        raise ValueError(
+            "kind 'vllm' takes vllm_config (the run deploys that app) or base_url (an app "
+            "already up), not both: leave one out"
+        )
 
 
 def build_vllm_policy_app(config: RunConfig, auth: RouteAuth) -> Any:
@@ -44,12 +75,13 @@ def build_vllm_policy_app(config: RunConfig, auth: RouteAuth) -> Any:
     Raises ``ValueError`` naming what is missing or wrong in the file.
     """
     policy = config.policy
-    if not policy.vllm_config:
+    vllm_config = kind_settings(config, VllmSettings).vllm_config
+    if not vllm_config:
         raise ValueError(
             "policy kind 'vllm' needs a deployment file: pass --policy-config "
             "deployments/vllm/cpu.yaml (or set policy.vllm_config)"
         )
-    deployment = load_vllm_config(policy.vllm_config)
+    deployment = load_vllm_config(vllm_config)
     source = resolve_model_source(deployment)
     defaults = {
         "model": deployment.model_id,
@@ -114,4 +146,6 @@ VLLM = PolicyKind(
     build_vllm_policy_app,
     lambda config, url, token: VllmWeights(url, config.policy.model, token),
     attaches=True,  # policy.base_url: an app already up, its control routes take the key
+    settings_model=VllmSettings,
+    check=check_vllm_policy,
 )

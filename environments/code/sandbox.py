@@ -246,7 +246,7 @@ async def _sandbox_init(info_fd: int, bwrap_pid: int, timeout_s: float) -> int |
 
 async def _read_info(fd: int) -> dict:
     """bwrap's ``--info-fd`` JSON object, read until it parses: bwrap writes it in pieces,
-    so one read may end mid-object (which used to lose the init's pid now and then)."""
+    so one read may end mid-object (a single read would lose the init's pid now and then)."""
     os.set_blocking(fd, False)
     data = b""
     while True:

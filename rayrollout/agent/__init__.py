@@ -1,10 +1,6 @@
-"""Agents: the contract of an episode's loop, and what records every model call it makes.
-
-Lives here: the contract (``contract``: ``Agent``, ``EpisodeEnd``, ``OutOfTurns``), the
-episode as an agent sees it and the recorder of its turns (``episode``: ``AgentEpisode``),
-the registry of agents by name (``registry``) and the recording OpenAI-compatible gateway
-for programs that call the model themselves (``gateway``). The agents themselves are
-plugins (``rayrollout.agents``: the repo's ``agents/`` folder).
+"""Agents: the contract of an episode's loop (``contract``), the episode that records every
+model call (``episode``), the registry by name (``registry``) and the recording gateway for
+programs that call the model themselves (``gateway``). The agents are plugins.
 
 May import: ``rayrollout.data``, ``rayrollout.environment``, ``rayrollout.policy`` and
 ``rayrollout.errors``; never the engine, the API or the CLI.

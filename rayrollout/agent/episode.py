@@ -1,16 +1,8 @@
 """``AgentEpisode``: what an agent is handed, and the recorder of everything it does.
 
-Every model call of an agent goes through ``model``, so each becomes a ``Turn`` with its
-token ids, logprobs and policy version, whatever the agent did to the history first. The
-trainer needs to know which turns are one token sequence: a call whose messages are the
-previous call's (same speaker) plus that call's reply plus new messages *extends* it (in
-``prompt_mode: token_ids`` its prompt is built from the kept ids, and checked to match);
-any other call (a trimmed or summarized history, another role) starts a new sequence,
-rendered afresh. Each turn records what was sent: a count of the transcript's first
-messages when it sent a prefix of them, else the messages themselves.
-
-Tools go through ``call_tool`` / ``run_tools`` (timeouts, the timeline, counts); a failure
-an agent cannot go on from becomes ``EpisodeEnd`` with the episode's status.
+Every model call goes through ``model`` and becomes a ``Turn`` (token ids, logprobs, policy
+version); a call that *extends* the speaker's previous one continues its token sequence, any
+other starts a new one. Tools go through ``call_tool`` / ``run_tools``.
 """
 
 from __future__ import annotations

@@ -4,44 +4,11 @@
 ends, and the five routes that pass each call through ``AgentEpisode.model``. The request
 and answer shapes, which are pure, live apart in ``openai_shapes``.)
 
-An agent written as a program (an OpenAI SDK script, an agent framework, anything that
-speaks the OpenAI protocol) cannot be handed an ``AgentEpisode``: it is handed a URL and a
-key instead, and every call it makes there goes through ``AgentEpisode.model``, so it is
-recorded token-exact like any agent's. One aiohttp server per worker actor, on 127.0.0.1 at a
-port the OS picks, started by the first episode that opens it (a worker whose agents never
-use it binds nothing); each open episode gets its own path and key under it::
-
-    base_url   http://127.0.0.1:PORT/e/<token>/v1     (OPENAI_BASE_URL)
-    api_key    a fresh secret per episode             (OPENAI_API_KEY)
-    tools_url  http://127.0.0.1:PORT/e/<token>/tools
-
-Routes (each takes only ``Authorization: Bearer <api_key>`` of its episode: 401 otherwise;
-an unknown or closed episode is 404):
-
-* ``POST {base_url}/chat/completions``: Chat Completions (``stream`` too, as one chunk).
-* ``POST {base_url}/responses``: the Responses API (``previous_response_id`` included).
-* ``GET {base_url}/models``: the one model (the run's policy).
-* ``GET {tools_url}``: the episode's tool schemas (chat form, as ``tools=`` takes them).
-* ``POST {tools_url}/{name}`` with the JSON arguments as the body: the tool's result as the
-  body (200 also for the model's mistakes, an unknown tool or bad arguments, which the model
-  should read; the header ``x-rayrollout-tool-error: 1`` marks them), as a NeMo Gym
-  resources server's tool route answers.
-
-The transcript the verifier reads is what the program did: before each model call the
-episode's ``messages`` become the messages the program sent, after it those plus the reply.
-Each turn therefore records a count of the transcript's messages instead of a copy (a
-program that rewrites its history pins the earlier turns' messages first), and a
-call that sends back the previous call's messages and reply (what an SDK loop does) is
-recorded as extending it. Incoming messages are parsed leniently for that: the SDK's extra
-keys (``refusal``, ``annotations``, ``audio`` set to null) are dropped and a list of text
-parts becomes text, so an assistant message sent back equals the reply it came from.
-
-A call that ends the episode (``EpisodeEnd``: the policy failed for good, a tool timed out;
-``OutOfTurns``) must end it, not become an error the program retries for ever: the gateway
-records it on the episode's session (``GatewayEndpoint.end``, ``wait_end``), answers 410
-Gone (which the OpenAI SDK does not retry) to that call and every later one, and the
-``open`` block raises it when it ends. A bad request body is a 400 naming the field. Model
-calls of one episode run one at a time (the transcript is one sequence).
+A program (an OpenAI SDK script, an agent framework) is handed a URL and a key instead of an
+``AgentEpisode``: one loopback aiohttp server per worker, a path and key per episode, with
+Chat Completions, Responses, models and tool routes. Every call goes through
+``AgentEpisode.model``, so it is recorded token-exact; a call that ends the episode answers
+410 Gone to it and every later one, so the program stops instead of retrying.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The OpenAI request and answer shapes the recording gateway reads and writes.
 
-Pure functions, no HTTP: a program's Chat Completions ``messages`` and ``tools``, its
-Responses-API ``tools``, its sampling fields, read into rayrollout's types (leniently: an
-OpenAI SDK sends back keys such as ``refusal`` or ``annotations`` set to null, and a message
-sent back must equal the reply it came from, or the call would not be seen as extending the
-last); and the episode's reply written as a ``chat.completion`` or a Responses-API
-``response``. What cannot be read raises ``BadRequest`` naming the field (the gateway's 400).
+Pure functions, no HTTP: a program's messages, tools and sampling fields read into
+rayrollout's types (leniently, as OpenAI SDKs send nulls back), the episode's reply written
+as a ``chat.completion`` or a ``response``; what cannot be read is a ``BadRequest`` (400).
 """
 
 from __future__ import annotations

@@ -9,6 +9,11 @@ registered twice with different targets is an error naming both. Finding, refusi
 duplicates and importing are ``rayrollout.plugins``' (shared with environments and policy
 kinds); what is agent-specific stays here: the target must be an ``Agent`` subclass or an
 async function, and the config's ``args`` must fit it.
+
+Which agent plays a task is ``resolve_agent``'s one answer, for the worker that plays it and
+the checks before a run alike: the row's ``agent``, else the run's (the config's ``agent:``,
+``--agent``), else what the environment declares (``Environment.agent_for``: ``reset_step``
+for the reset/step sources, ``verifiers`` for verifiers environments), else ``tool_loop``.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from rayrollout.agent.contract import Agent, FunctionAgent
-from rayrollout.data.config import AgentSettings
+from rayrollout.data.config import DEFAULT_AGENT, AgentSettings
+from rayrollout.data.schema import Task
+from rayrollout.environment.contract import Environment
 from rayrollout.errors import InputError
 from rayrollout.plugins import PluginGroup
 
@@ -31,6 +38,7 @@ __all__ = [
     "UnknownAgentError",
     "agent_spec",
     "registered_agents",
+    "resolve_agent",
 ]
 
 ENTRY_POINT_GROUP = "rayrollout.agents"
@@ -98,6 +106,33 @@ def agent_spec(name: str, settings: AgentSettings | None = None) -> AgentSpec:
     spec = AgentSpec(name=name, target=found.target, args=args, origin=found.origin)
     _import_target(spec.target)  # an unknown module or class is refused here, by name
     return spec
+
+
+def resolve_agent(
+    task: Task, run_agent: str | None, environment: type[Environment] | None = None
+) -> str:
+    """The name of the agent that plays ``task``: the row's own ``agent``, else the run's
+    (``run_agent``: the config's ``agent:`` or ``--agent``), else the one its environment
+    class declares for it (``Environment.agent_for``), else the built-in ``tool_loop``.
+
+    A user's explicit choice always wins; the environment's default only fills the gap, so
+    naming a reset/step environment is enough to play it with the ``reset_step`` agent.
+
+    Example:
+        >>> from rayrollout.environment.reset_step.gem import GemEnvironment
+        >>> prompt = [{"role": "user", "content": "Go."}]
+        >>> task = Task.model_validate({"task_id": "t", "environment": "gem", "prompt": prompt})
+        >>> resolve_agent(task, None, GemEnvironment)
+        'reset_step'
+        >>> resolve_agent(task, "tool_loop", GemEnvironment)
+        'tool_loop'
+    """
+    if task.agent:
+        return task.agent
+    if run_agent:
+        return run_agent
+    declared = environment.agent_for(task) if environment is not None else None
+    return declared or DEFAULT_AGENT
 
 
 def _import_target(path: str) -> Any:

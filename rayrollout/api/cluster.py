@@ -1,4 +1,4 @@
-"""Long-lived services on a cluster: ``up``, ``status``, ``down``, and finding what is up.
+"""A long-lived engine on a cluster: ``up``, ``status``, ``down``, and finding what is up.
 
 ``up`` deploys a namespace's policy, its Serve-hosted environments, a detached engine (with
 its workers) and the rollout API over HTTP (``service``, unless ``service.enabled`` is off);
@@ -9,6 +9,13 @@ and ``<ns>.env.<name>``), so two namespaces on one cluster never see each other.
 retries briefly while things start, then fails naming what is missing and the command that
 starts it.
 
+The service is created with ``max_restarts``, so Ray brings it back when its process dies
+(killed under memory pressure, say), as it brings back a worker. An ``up`` stopped during
+start-up leaves an engine without its service; the next ``up`` replaces that engine rather
+than refusing, so running ``up`` again is the one way back. ``running_namespaces`` finds the
+namespaces with an engine or a service, so ``status`` and ``down`` need no ``--namespace``
+when one run is up.
+
 Example:
     >>> from rayrollout.api.cluster import up, status, down  # doctest: +SKIP
     >>> up(load_config("run.yaml")); print(status("rayrollout")); down("rayrollout")
@@ -16,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 from typing import Any
@@ -25,7 +33,7 @@ from pydantic import SecretStr
 from ray import serve
 
 from rayrollout.api.rollout_engine import EngineExistsError, RolloutEngine
-from rayrollout.api.service.actor import SERVICE_NAME, ServiceActor
+from rayrollout.api.service.actor import ENGINE_WAIT_S, SERVICE_NAME, ServiceActor
 from rayrollout.api.service.journal import refuse_open_journals
 from rayrollout.auth import read_token_file
 from rayrollout.data.config import RunConfig
@@ -43,6 +51,7 @@ __all__ = [
     "down",
     "lookup_app",
     "lookup_engine",
+    "running_namespaces",
     "service_url",
     "start_detached",
     "start_service",
@@ -52,9 +61,11 @@ __all__ = [
 
 LOOKUP_TIMEOUT_S = 5.0
 
+log = logging.getLogger("rayrollout")
+
 
 class ServiceNotFoundError(ClusterError, LookupError):
-    """A named service (the engine, a Serve app) is not up in the namespace."""
+    """A named actor or app of the run (the engine, a Serve app) is not up in the namespace."""
 
 
 def _retry(find: Any, timeout_s: float) -> Any:
@@ -111,7 +122,7 @@ def up(config: RunConfig) -> dict[str, Any]:
 
     Raises:
         EngineExistsError: an engine already runs in the namespace (``rayrollout down``
-            first); a ``RuntimeError`` too, as before the exception tree.
+            first); a ``RuntimeError`` too.
     """
     start_detached(config)
     return status(config.namespace)
@@ -124,18 +135,28 @@ def start_detached(config: RunConfig) -> Any:
     The HTTP service starts beside it with the run's route token (``service.enabled``).
     After the engine died, ``up`` starts a new one: a service still up keeps serving (and
     finds it by name), and keeps its token; with ``resume`` the run's token is kept too,
-    and a new service answers the batches journaled in the output folder.
+    and a new service answers the batches journaled in the output folder. An engine
+    without an answering service (an ``up`` stopped during start-up) is replaced. With no
+    cluster named, the Ray is a local head that outlives this process (``local_head``).
 
     Raises:
-        EngineExistsError: an engine already runs in the namespace (``rayrollout down``
-            first).
+        EngineExistsError: an engine and its service already run in the namespace
+            (``rayrollout down`` first), or an engine runs and ``service.enabled`` is off.
         OpenJournalsError: no service is up, the folder holds unfinished batches of an
             earlier one, and ``resume`` is not set; nothing was started.
     """
-    ensure_ray(config)
+    ensure_ray(config, lasting=True)
     service = _live_service(config.namespace)
+    if service is not None and _has_engine(config.namespace):
+        described: Any = ray.get(service.describe.remote(), timeout=30)
+        raise EngineExistsError(
+            f"the run in Ray namespace '{config.namespace}' is already up (its service at "
+            f"{described['url']}): `rayrollout status` shows it, `rayrollout down "
+            f"--namespace {config.namespace}` stops it"
+        )
     if config.service.enabled and service is None:
         refuse_open_journals(config.output.dir, config.resume)
+        _replace_engine_without_service(config.namespace)
     driver = RolloutEngine(config)
     token_file = route_token_path(config.namespace)
     if (config.resume or service is not None) and token_file.exists():
@@ -144,6 +165,35 @@ def start_detached(config: RunConfig) -> Any:
     if driver.config.service.enabled and service is None:
         start_service(driver.config, driver.route_token)
     return driver.engine
+
+
+def _replace_engine_without_service(namespace: str) -> None:
+    """An engine with no answering service beside it is an ``up`` stopped half-way (or one
+    whose service was removed): remove it, its workers and a service that holds the name
+    without answering, so this ``up`` starts them afresh."""
+    try:
+        ray.kill(ray.get_actor(SERVICE_NAME, namespace=namespace))
+        log.warning("namespace '%s': removed an HTTP service that did not answer", namespace)
+    except ValueError:
+        pass
+    try:
+        engine = ray.get_actor(ENGINE_NAME, namespace=namespace)
+    except ValueError:
+        return
+    log.warning(
+        "namespace '%s' holds an engine without its HTTP service (an `up` stopped during "
+        "start-up): replacing it",
+        namespace,
+    )
+    _remove_engine(namespace, engine, [])
+
+
+def _has_engine(namespace: str) -> bool:
+    try:
+        ray.get_actor(ENGINE_NAME, namespace=namespace)
+    except ValueError:
+        return False
+    return True
 
 
 def _live_service(namespace: str) -> Any:
@@ -165,10 +215,12 @@ def start_service(config: RunConfig, route_token: Any) -> str:
         name=SERVICE_NAME,
         namespace=config.namespace,
         lifetime="detached",
+        max_restarts=-1,  # back after Ray kills it (memory monitor, a lost process)
+        max_task_retries=0,  # a call in flight when it died fails; the client retries
         **cpu_actor_options(config, {}),
     ).remote(config, route_token)
     try:
-        url: str = ray.get(service.start.remote(), timeout=60)
+        url: str = ray.get(service.start.remote(), timeout=ENGINE_WAIT_S + 60)
     except Exception:
         ray.kill(service)  # a half-started service would hold the name
         raise
@@ -226,6 +278,8 @@ def status(namespace: str) -> dict[str, Any]:
     try:
         engine = ray.get_actor(ENGINE_NAME, namespace=namespace)
         health: Any = ray.get(engine.progress.remote(), timeout=30)
+        if hasattr(health, "model_dump"):  # a pydantic model (RunSnapshot): JSON's own types
+            health = health.model_dump(mode="json")
         engine_state: dict[str, Any] = {"up": True, "progress": health}
     except ValueError:
         engine_state = {"up": False}
@@ -253,6 +307,35 @@ def status(namespace: str) -> dict[str, Any]:
     }
 
 
+def _remove_engine(namespace: str, engine: Any, removed: list[str]) -> None:
+    """Close and kill the engine (if any) and every worker of the namespace."""
+    if engine is not None:
+        try:
+            ray.get(engine.close.remote(), timeout=30)
+        except Exception:  # a dead engine's output lock is released by the OS
+            pass
+        ray.kill(engine)
+        removed.append(f"actor {namespace}/{ENGINE_NAME}")
+    for info in ray.util.list_named_actors(all_namespaces=True):
+        if info["namespace"] == namespace and info["name"].startswith(WORKER_PREFIX):
+            try:
+                ray.kill(ray.get_actor(info["name"], namespace=namespace))
+                removed.append(f"actor {namespace}/{info['name']}")
+            except ValueError:
+                pass
+
+
+def running_namespaces() -> list[str]:
+    """The namespaces of the connected cluster that hold an engine or an HTTP service."""
+    return sorted(
+        {
+            info["namespace"]
+            for info in ray.util.list_named_actors(all_namespaces=True)
+            if info["name"] in (ENGINE_NAME, SERVICE_NAME)
+        }
+    )
+
+
 def down(namespace: str) -> list[str]:
     """Remove the namespace's engine, workers and Serve apps; returns what was removed."""
     removed: list[str] = []
@@ -271,20 +354,7 @@ def down(namespace: str) -> list[str]:
         engine = ray.get_actor(ENGINE_NAME, namespace=namespace)
     except ValueError:
         engine = None
-    if engine is not None:
-        try:
-            ray.get(engine.close.remote(), timeout=30)
-        except Exception:  # a dead engine's output lock is released by the OS
-            pass
-        ray.kill(engine)
-        removed.append(f"actor {namespace}/{ENGINE_NAME}")
-    for info in ray.util.list_named_actors(all_namespaces=True):
-        if info["namespace"] == namespace and info["name"].startswith(WORKER_PREFIX):
-            try:
-                ray.kill(ray.get_actor(info["name"], namespace=namespace))
-                removed.append(f"actor {namespace}/{info['name']}")
-            except ValueError:
-                pass
+    _remove_engine(namespace, engine, removed)
     for name in list(serve.status().applications):
         if name == policy_app_name(namespace) or name.startswith(
             environment_app_name(namespace, "")

@@ -1,52 +1,12 @@
 """What one ``collect`` runs: its checks before start, then its tasks streamed and checked.
 
 ``RolloutEngine.collect`` and ``rayrollout collect`` both go through here, so a Python caller
-gets what the command line gets: rows checked as they stream to the engine, errors naming
-the file (or shard), line and field, ``skip_invalid`` writing the bad rows to the output
-folder's rejects file, ``limit`` and ``resume``.
-
-A collection is planned in two steps around the engine's start, then streamed:
-
-1. ``plan_collect``, before Ray or the engine starts, runs the checks that need no rows
-   first (``api.preflight``): the tasks path, ``--env``, ``--agent``, and with
-   ``before_start`` the output folder, an external policy's key, one probe of its endpoint
-   and one of each environment URL. Only then does it read a row, so such a mistake is
-   reported in seconds whatever the task set's size (a source without a single row is
-   found by reading one, and starts nothing and probes nothing: ``CollectPlan.empty``).
-   Then it reads and checks the first ``HEAD_ROWS`` rows: a bad row among them runs
-   nothing (every bad row of the head listed), so a file of at most that many rows is
-   checked whole before anything starts, and a bigger one's first rows are.
-2. ``CollectPlan.open_output`` (``collect_plan``) runs once the engine holds the output
-   folder's lock (no earlier writer can still be adding parts): it refuses another run's
-   parts unless ``resume`` or ``output.overwrite`` (which deletes them;
-   ``refuse_old_parts``, checked once before the policy deploys too), writes the head's
-   rejects and reads which ``(task_id, sample_index)`` pairs are already written.
-3. ``CollectPlan.specs`` streams the rest: each row is read and checked as the engine takes
-   it, and the engine's queue holds the reading back (``submit`` waits while the queue is
-   full). ``limit`` stops the reading there. A bad row past the head ends the run where it
-   is met, unless ``skip_invalid``: what was submitted before it still runs and is written
-   (``RolloutEngine.run`` drains the engine), and the error says to fix the row and run
-   again with ``--resume``.
-
-Nothing is kept per task but digests, so the driver's memory is flat in the number of
-tasks: task ids (unique within a source, ``tasks.UniqueTaskIds``), resume keys and rejected
-lines are 12-byte digests (``data.task_digests``), and only the head's ``Task`` objects and
-the rows in flight are held. ``benchmarks/task_reading.py`` measures it. The progress bar's
-total comes from one pass that holds nothing per row, in a thread beside the start: a file's
-lines counted, or Parquet footers read; a JSONL shard set has none (the bar counts without a
-total).
-
-A directory or glob of shards is a shard set (``data.task_shards``): its head is read
-without Ray, the rest through Ray Data once the engine has started (Ray Data needs Ray),
-with the same checks and the same rejects file. A list of rows is checked whole before
-anything starts; an iterator (a training loop, ``benchmarks/memory.py``) is streamed from
-its first row.
-
-Example:
-    >>> plan = plan_collect("tasks.jsonl", config)  # doctest: +SKIP
-    >>> engine.start(); plan.open_output(engine.config)  # doctest: +SKIP
-    >>> plan.episodes, plan.rejected  # doctest: +SKIP
-    (240, 2)
+gets what the command line gets. ``plan_collect`` runs the checks that need no rows
+(``api.preflight``), then reads and checks the first ``HEAD_ROWS`` rows, all before Ray
+starts; ``CollectPlan.open_output`` runs once the engine holds the folder's lock (old parts,
+rejects, resume keys); ``CollectPlan.specs`` streams the rest as the engine's queue takes
+them, so a bad row past the head ends the run where it is met unless ``skip_invalid``.
+Only digests are kept per task, so the driver's memory is flat in the number of tasks.
 """
 
 from __future__ import annotations
@@ -59,10 +19,10 @@ from typing import Any, cast
 
 from rayrollout.api.collect_plan import (
     MAX_ERRORS_SHOWN,
-    AgentCheck,
     CollectPlan,
     InvalidTasksError,
     OutputNotEmptyError,
+    TaskCheck,
     expand,
     refuse_old_parts,
 )
@@ -74,6 +34,7 @@ from rayrollout.api.preflight import (
     check_output_folder,
     check_policy_key,
     check_task_agents,
+    check_task_environments,
     check_tasks_file,
     environment_known,
     environment_unavailable,
@@ -96,6 +57,7 @@ from rayrollout.data.tasks import (
 )
 from rayrollout.engine.figures import RunSnapshot
 from rayrollout.engine.stats import EnvStats
+from rayrollout.policy.kinds import check_policy
 
 __all__ = [
     "HEAD_ROWS",
@@ -155,10 +117,14 @@ def plan_collect(
     Raises:
         InvalidTasksError: bad rows in the head and not ``skip_invalid``; nothing has started.
         ConfigError: no tasks given, the tasks file is missing, a directory without shards or
-            unreadable (``TasksFileError``), or both ``resume`` and ``output.overwrite``.
+            unreadable (``TasksFileError``), both ``resume`` and ``output.overwrite``, or a
+            policy setting its kind refuses (``policy.kinds.check_policy``).
         UnknownEnvironmentError: ``environment`` (``--env``) names no known environment.
         UnknownAgentError: ``agent`` (``--agent``), or the ``agent`` of the head's rows, names
             no known agent (one error for the run, ``skip_invalid`` or not).
+        UnknownPolicyKindError: ``policy.kind`` (``--policy``) names no registered kind.
+        EnvironmentCheckError: an environment's args, or what the head's rows name of it
+            (a GEM id, a skyrl-gym ``env_class``), cannot be played (one error for the run).
         OutputFolderError, PolicyCheckError, EnvironmentUrlError: ``before_start`` checks.
     """
     if isinstance(source, CollectPlan):
@@ -188,6 +154,7 @@ def plan_collect(
         source = check_tasks_file(source)  # before the checks that need no rows
     check_default_environment(config)
     check_default_agent(config)
+    check_policy(config)
     key: str | None = None
     if before_start:
         check_output_folder(config)
@@ -215,7 +182,8 @@ def plan_collect(
         _read_head(plan, rows, HEAD_ROWS)
         check.started = True  # the rest is read once the run has started
         check_task_agents(plan.head, config, Path(plan.source).name)
-        plan._agents = AgentCheck(config, {t.agent for t in plan.head if t.agent})
+        check_task_environments(plan.head, config, Path(plan.source).name)
+        plan._checks = TaskCheck(config, plan.head)
         if not plan.complete:
             if shards is not None:
                 plan._open_rest = _shard_rest(shards, config, check, plan.ids)

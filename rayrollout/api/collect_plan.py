@@ -1,14 +1,8 @@
 """A collection's plan: its tasks as they stream, what it left out, what is already written.
 
-``CollectPlan`` is what ``collect.plan_collect`` returns (the checks before start live
-there): the head of the task rows read and checked before the start, the rest read as the
-engine takes them (``tasks``, ``specs``), the rows ``skip_invalid`` left out (written to the
-output folder's rejects file as they are met, once the folder is open: ``open_output``),
-and the ``(task_id, sample_index)`` pairs a resumed run skips, as digests. It holds the head
-and what is in flight, never the task set.
-
-A bad row past the head ends the stream (``InvalidTasksError`` with ``stopped``) unless
-``skip_invalid``; ``RolloutEngine.run`` runs out what was submitted before it.
+``CollectPlan`` (from ``collect.plan_collect``) holds the checked head of the task rows, the
+rest read as the engine takes them, the rows ``skip_invalid`` left out and the keys a
+resumed run skips: never the task set. A bad row past the head ends the stream.
 """
 
 from __future__ import annotations
@@ -17,7 +11,12 @@ from collections.abc import Callable, Container, Iterable, Iterator
 from pathlib import Path
 from typing import Protocol
 
-from rayrollout.api.preflight import check_agent
+from rayrollout.api.preflight import (
+    EnvironmentCheckError,
+    TaskEnvironmentCheck,
+    check_agent,
+    environment_config_problem,
+)
 from rayrollout.data.config import RunConfig
 from rayrollout.data.run_folder import REJECTS_FILE, RunFolder
 from rayrollout.data.schema import Task
@@ -27,11 +26,11 @@ from rayrollout.errors import InputError
 
 __all__ = [
     "MAX_ERRORS_SHOWN",
-    "AgentCheck",
     "CollectPlan",
     "InvalidTasksError",
     "OutputNotEmptyError",
     "Reject",
+    "TaskCheck",
     "WrittenKeys",
     "expand",
     "refuse_old_parts",
@@ -165,7 +164,7 @@ class CollectPlan:
         self._pending: list[Reject] = []  # the head's rejects, written once the folder opens
         self._folder: RunFolder | None = None
         self._hint: Callable[[], str] = str
-        self._agents: AgentCheck | None = None
+        self._checks: TaskCheck | None = None
         self._streamed = False
 
     def __repr__(self) -> str:
@@ -205,6 +204,8 @@ class CollectPlan:
         Raises:
             InvalidTasksError: a bad row past the head, without ``skip_invalid`` (``stopped``).
             UnknownAgentError: a row past the head names an agent that does not exist.
+            EnvironmentCheckError: a row past the head names what its environment cannot
+                play (``TaskCheck``).
         """
         if self._streamed:
             raise RuntimeError("a plan's tasks stream once; plan the collection again")
@@ -227,8 +228,8 @@ class CollectPlan:
                         raise InvalidTasksError(self.source, [task], self._hint(), stopped=True)
                     self.reject(task, raw)
                     continue
-                if self._agents is not None:
-                    self._agents(task, f"{source} line {line}")
+                if self._checks is not None:
+                    self._checks(task, f"{source} line {line}")
                 taken += 1
                 yield task
         finally:  # at the end, the limit, an error or a stopped run: the file is closed, a
@@ -278,19 +279,39 @@ class CollectPlan:
         return expand(self.tasks, self.num_repeats, self.written)
 
 
-class AgentCheck:
-    """The agent a streamed row names exists (``preflight.check_agent``), asked once per
-    name; an unknown one is the run's error (``UnknownAgentError``), not the row's."""
+class TaskCheck:
+    """What a streamed row needs beyond its own fields, checked as it is met past the head:
+    the agent it names exists (``preflight.check_agent``, asked once per name), its
+    environment's args can be played (``environment_config_problem``, once per name not
+    met in the head) and its environment can play the row (``TaskEnvironmentCheck``: an id
+    its source registers). A problem is the run's error (``UnknownAgentError``,
+    ``EnvironmentCheckError``), not the row's: the same mistake would fail every row
+    sharing it."""
 
-    def __init__(self, config: RunConfig, known: set[str]) -> None:
+    def __init__(self, config: RunConfig, head: list[Task]) -> None:
         self.config = config
-        self.known = set(known)
+        self.known = {task.agent for task in head if task.agent}
+        self.environments = {task.environment for task in head}
+        self.rows = TaskEnvironmentCheck(config)
 
     def __call__(self, task: Task, where: str) -> None:
-        if task.agent is None or task.agent in self.known:
-            return
-        check_agent(task.agent, self.config, f"the 'agent' field of {where}")
-        self.known.add(task.agent)
+        if task.agent is not None and task.agent not in self.known:
+            check_agent(task.agent, self.config, f"the 'agent' field of {where}")
+            self.known.add(task.agent)
+        if task.environment not in self.environments:
+            self.environments.add(task.environment)
+            problem = environment_config_problem(task.environment, self.config)
+            if problem is not None:
+                raise EnvironmentCheckError(
+                    f"environment {task.environment!r} (first named at {where}): {problem}; "
+                    "fix it, then run again with --resume"
+                )
+        problem = self.rows.problem(task)
+        if problem is not None:
+            raise EnvironmentCheckError(
+                f"environment {task.environment!r} at {where}: {problem}; fix the row, then "
+                "run again with --resume"
+            )
 
 
 def expand(

@@ -3,50 +3,12 @@
 (Over 400 lines for one job: each check is small, but every one names its fix, and the
 checks of one run are read together here: tasks, environments, agents, output, policy.)
 
-Starting Ray, Serve and the policy takes from seconds to minutes, and until this module a
-new user's mistakes surfaced only after it: a directory as the tasks file gave a traceback,
-an output folder that was a file a hundred lines from inside Ray, a ``--base-url`` with
-nothing listening or without its key a run whose every episode ended ``error``, exit 0.
-Each check here turns one such mistake into one ``InputError`` that names the fix, raised
-before anything starts (the command line prints it as one line, exit 2).
-
-What is checked, in the order ``plan_collect`` runs them (cheap and local first, then the
-network, and only then the task rows, so a mistake here is found in seconds whatever the
-size of the task set; a tasks file without rows never waits on a probe):
-
-1. the tasks path: it exists, is a file, can be read (``check_tasks_file``);
-2. the environment for rows that name none (``--env``): registered, configured or
-   importable (``check_default_environment``); rows naming an unknown one are row errors
-   of the tasks file, to which ``unknown_environments_hint`` adds the known names; the same
-   for the agent (``--agent``, ``check_default_agent``), and the agents a tasks file's rows
-   name (``check_task_agents``, once the rows are read: one error for the run, not a row
-   error, since a missing agent is a missing install or config entry, never one bad row);
-   and each environment the rows name, as it is first met: whether this machine can run
-   it (``check_environment_available``: its ``Environment.unavailable_reason``, e.g. the
-   code sandbox without bubblewrap), one error for the run, since no episode of it could
-   end ``ok``;
-3. the output folder: a folder, or creatable, and writable, found by making (and removing)
-   a hidden temporary entry, since ``os.access`` answers yes to root on any mode
-   (``check_output_folder``);
-4. an external policy (kind ``openai``): its base URL, its key's variable set
-   (``check_policy_key``), then one ``GET {base_url}/models`` (``probe_policy``): the server
-   answers, takes the key (not 401/403), and lists the model when it lists any;
-5. each environment served by URL (``--env-url``, ``environments.NAME.url``): one ``GET``
-   of the URL answers at all (``probe_environment_urls``).
-
-An endpoint that needs no key says so with ``policy.api_key_env: ""`` in the config (no
-variable, no key sent), or by setting the variable to any value (vLLM's convention is
-``EMPTY``). Only the command line insists on the key (``require_key``); a Python caller's run
-without one learns of it from the probe when the server refuses (401 or 403).
-
-The output folder and the environments' needs are not checked when the run joins a cluster
-by address (``ray.address`` or ``RAY_ADDRESS``): the engine that writes the folder and the
-replicas that run the environments may be on other nodes, where the path can be fine and the
-sandbox installed while this driver's machine has neither. They report such problems themselves.
-
-Example:
-    >>> check_tasks_file("tasks.jsonl")  # doctest: +SKIP
-    PosixPath('/home/me/tasks.jsonl')
+Starting Ray, Serve and the policy takes seconds to minutes; each check turns a mistake that
+would surface only after it (a directory as the tasks file, a ``--base-url`` with nothing
+listening) into one ``InputError`` naming the fix, before anything starts. The checks run
+cheap and local first (tasks path, environment and agent names, output folder), then the
+network (the policy's key and endpoint, environment URLs), then the task rows. A run joining
+a cluster by address skips the folder and machine checks: other nodes do that work.
 """
 
 from __future__ import annotations
@@ -56,6 +18,7 @@ import os
 import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +28,7 @@ from rayrollout.agent.registry import ENTRY_POINT_GROUP as AGENT_ENTRY_POINT_GRO
 from rayrollout.agent.registry import UnknownAgentError, agent_spec, registered_agents
 from rayrollout.data.config import ConfigError, RunConfig
 from rayrollout.data.schema import Task
+from rayrollout.environment.contract import Environment
 from rayrollout.environment.registry import (
     ENTRY_POINT_GROUP,
     EnvironmentArgsError,
@@ -78,20 +42,24 @@ from rayrollout.policy.kinds import policy_kind
 
 __all__ = [
     "PROBE_TIMEOUT_S",
+    "EnvironmentCheckError",
     "EnvironmentUnavailableError",
     "EnvironmentUrlError",
     "OutputFolderError",
     "PolicyCheckError",
     "PreflightError",
+    "TaskEnvironmentCheck",
     "TasksFileError",
     "check_agent",
     "check_default_agent",
     "check_default_environment",
     "check_environment_available",
+    "check_task_environments",
     "check_output_folder",
     "check_policy_key",
     "check_task_agents",
     "check_tasks_file",
+    "environment_config_problem",
     "environment_known",
     "environment_unavailable",
     "external_policy",
@@ -119,12 +87,18 @@ class PreflightError(InputError, ValueError):
 
 
 class TasksFileError(PreflightError, ConfigError):
-    """The tasks path is missing, a directory, or unreadable (a ``ConfigError`` as before)."""
+    """The tasks path is missing, a directory, or unreadable (a ``ConfigError`` too)."""
 
 
 class EnvironmentUnavailableError(PreflightError):
     """An environment the tasks name needs something this machine lacks (a system package,
     privileges); the message is the environment's own line naming the fix."""
+
+
+class EnvironmentCheckError(PreflightError):
+    """An environment the rows name cannot be played as configured: its args name what its
+    source lacks (a class that does not import, a URL that does not answer), or rows name an
+    id it does not register; the message is the environment's own line naming the fix."""
 
 
 class OutputFolderError(PreflightError):
@@ -235,17 +209,96 @@ def environment_unavailable(name: str, config: RunConfig) -> str | None:
     return cls.unavailable_reason()
 
 
+def environment_config_problem(name: str, config: RunConfig) -> str | None:
+    """What is wrong with environment ``name``'s args (its ``Environment.config_problem``: a
+    class that does not import, a URL that does not answer, an unknown id), or None.
+
+    None too where the question is not this machine's (the environment runs on a server
+    by ``environments.NAME.url``, or the run joins a cluster by address, whose nodes may
+    import what this driver cannot) and where the name does not resolve.
+    """
+    settings = config.environment_config(name)
+    if settings.url is not None or _joins_a_cluster(config):
+        return None
+    try:
+        cls = environment_spec(name, settings).load()
+    except (UnknownEnvironmentError, EnvironmentArgsError):
+        return None
+    return cls.config_problem(dict(settings.args))
+
+
 def check_environment_available(name: str, config: RunConfig) -> None:
-    """This machine can run environment ``name`` (see ``environment_unavailable``).
+    """This machine can run environment ``name`` (see ``environment_unavailable``), and its
+    args name what it can play (``environment_config_problem``).
 
     Raises:
-        EnvironmentUnavailableError: it cannot; the message carries the environment's fix.
+        EnvironmentUnavailableError: it cannot run here; the message carries the fix.
+        EnvironmentCheckError: its args cannot be played; the message carries the fix.
     """
     reason = environment_unavailable(name, config)
     if reason is not None:
         raise EnvironmentUnavailableError(
             f"environment {name!r} cannot run on this machine: {reason}. Nothing was started"
         )
+    problem = environment_config_problem(name, config)
+    if problem is not None:
+        raise EnvironmentCheckError(
+            f"environment {name!r}: {_sentence(problem)} Nothing was started"
+        )
+
+
+class TaskEnvironmentCheck:
+    """Whether each row's environment can play it (``Environment.task_problem``: a GEM id,
+    a skyrl-gym ``env_class`` its source registers), asked row by row with each environment
+    class loaded once. Rows of an environment served by URL, or of a name that does not
+    resolve (the row checks report that), are not asked."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.classes: dict[str, tuple[type[Environment], dict[str, Any]] | None] = {}
+
+    def problem(self, task: Task) -> str | None:
+        """Why ``task``'s environment cannot play it, or None."""
+        name = task.environment
+        if name not in self.classes:
+            settings = self.config.environment_config(name)
+            found: tuple[type[Environment], dict[str, Any]] | None = None
+            if settings.url is None:
+                try:
+                    found = (environment_spec(name, settings).load(), dict(settings.args))
+                except (UnknownEnvironmentError, EnvironmentArgsError):
+                    found = None
+            self.classes[name] = found
+        entry = self.classes[name]
+        return None if entry is None else entry[0].task_problem(task, entry[1])
+
+
+def check_task_environments(tasks: Iterable[Task], config: RunConfig, source: str) -> None:
+    """Every row's environment can play it (``TaskEnvironmentCheck``): a mistyped id would
+    fail each of its episodes after the start-up.
+
+    Raises:
+        EnvironmentCheckError: the first problem, with how many rows share it and the
+            first of them.
+    """
+    check = TaskEnvironmentCheck(config)
+    found: dict[str, list[Task]] = {}
+    for task in tasks:
+        problem = check.problem(task)
+        if problem is not None:
+            found.setdefault(f"environment {task.environment!r}: {problem}", []).append(task)
+    if found:
+        problem, rows = next(iter(found.items()))
+        raise EnvironmentCheckError(
+            f"{problem} ({len(rows)} row(s) of {source}, first: task_id {rows[0].task_id!r}). "
+            "Nothing was started"
+        )
+
+
+def _sentence(text: str) -> str:
+    """``text`` ending as a sentence ends (a question keeps its mark)."""
+    text = text.rstrip()
+    return text if text.endswith((".", "?", "!")) else text + "."
 
 
 # Agent names.

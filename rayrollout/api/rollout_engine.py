@@ -53,6 +53,7 @@ from rayrollout.engine.secret_env import route_token_path, workers_policy_key
 from rayrollout.engine.services import ensure_ray, prepare_policy
 from rayrollout.engine.worker import worker_name
 from rayrollout.errors import ClusterError, RayrolloutError
+from rayrollout.policy.kinds import check_policy, policy_kind
 
 __all__ = [
     "CollectResult",
@@ -141,6 +142,7 @@ class RolloutEngine:
     def __init__(self, config: RunConfig | dict[str, Any] | None = None) -> None:
         if not isinstance(config, RunConfig):
             config = RunConfig.model_validate(config or {})
+        check_policy(config)  # the kind and its own settings, before anything starts
         # Absolute before Ray starts: a driver under `ray job submit` may change directory,
         # and the engine actor writes from its own working directory.
         out_dir = str(Path(config.output.dir).absolute())
@@ -187,12 +189,10 @@ class RolloutEngine:
     ) -> RolloutEngine:
         """``start``; ``new_run`` (a ``collect``): refuse an output folder holding another
         run's parts before the policy is deployed (``refuse_old_parts``)."""
-        policy = self.config.policy
-        if detached and policy.kind == "scripted" and policy.scripted.hosting == "actor":
-            raise ConfigError(
-                "policy.scripted.hosting 'actor' ends with the driver that starts it; an "
-                "engine that outlives its driver (rayrollout up) needs 'serve'"
-            )
+        bound = policy_kind(self.config.policy.kind).driver_bound
+        reason = bound(self.config) if detached and bound is not None else None
+        if reason is not None:
+            raise ConfigError(reason)
         ensure_ray(self.config)
         namespace = self.config.namespace
         existing: Any

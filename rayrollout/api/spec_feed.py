@@ -1,16 +1,8 @@
 """The driver's reading of episode specs: in a thread, a bounded number ahead of the engine.
 
-Reading a task set means parsing and checking each row (tens of microseconds), and for a
-shard set waiting on Ray Data; done on the driver's event loop, it would stall the progress
-reports, and done a whole batch at a time, a slow source would hold back the specs already
-read (a shard set's first rows wait for its reader to start). ``SpecFeed`` reads in its own
-thread into a bounded queue (``ahead`` specs: the driver never holds more), and the
-submitter takes whatever is ready, at least one spec, up to a batch.
-
-A source that fails hands over the specs it read before the error, then the error, so the
-run submits and finishes them before it raises (``RolloutEngine.run``). The reading thread
-owns the source: it closes it when it ends, fails or the run stops (a shard set's reader
-actor is killed then).
+Parsing and checking rows on the driver's event loop would stall its progress reports, so
+``SpecFeed`` reads in its own thread into a queue of ``ahead`` specs, and the submitter
+takes what is ready. A failing source hands over what it read first, then the error.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """``rayrollout agent list|test``: the registered agents (episode loops), and one of them
 played for a few episodes in this process, to see it work before a run.
 
-``test`` plays the agent as a run would (``rayrollout.engine.episode.run_episode``: its
-faults become the episode's status, the config's limits apply) but without Ray: the
-environment inline in this process, the policy an OpenAI-compatible server at
-``--base-url``, or without one the policy kind's in-process form (``PolicyKind.local``: the
-scripted policy's, found through the kinds' registry, so the CLI names no plugin).
+``test`` plays it as a run would (``run_episode``, the config's limits) without Ray: the
+environment inline, the policy at ``--base-url`` or the policy kind's in-process form.
 """
 
 from __future__ import annotations

@@ -1,12 +1,15 @@
-"""``rayrollout up``, ``status`` and ``down``: long-lived services of a namespace, as JSON or
-one line per thing removed. The work is ``rayrollout.api.cluster``'s. Both JSON answers name
-the HTTP rollout service (``service``: its ``url`` and the ``token_file`` a client reads)."""
+"""``rayrollout up``, ``status`` and ``down``: a namespace's detached engine, as JSON or
+one line per thing removed; the work is ``rayrollout.api.cluster``'s.
+
+``up`` without a cluster starts a local Ray head that stays up; ``status`` and ``down`` only
+join one, and ``down`` ends that head once no run is left on it.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
@@ -30,7 +33,17 @@ Address = Annotated[
     str | None,
     typer.Option(
         "--address",
-        help="Ray cluster to join.",
+        help="Ray cluster to join (none named: a local Ray head that stays up until "
+        "`rayrollout down`).",
+        show_default="RAY_ADDRESS, else --config's ray.address, else a local Ray",
+    ),
+]
+Joined = Annotated[
+    str | None,
+    typer.Option(
+        "--address",
+        help="Ray cluster to look at (none named: the local Ray head `rayrollout up` "
+        "started); none is ever started.",
         show_default="RAY_ADDRESS, else --config's ray.address, else a local Ray",
     ),
 ]
@@ -55,7 +68,7 @@ def _cluster_config(
 
 
 def up(
-    config: Annotated[Path, typer.Option("--config", help="YAML config of the services.")],
+    config: Annotated[Path, typer.Option("--config", help="YAML config of the run.")],
     namespace: Namespace = None,
     address: Address = None,
     service_host: Annotated[
@@ -85,8 +98,12 @@ def up(
         ),
     ] = False,
 ) -> None:
-    """Start the policy, the environments, a detached engine and the HTTP rollout service;
-    collect then attaches to the engine, trainers without Ray reach it over HTTP."""
+    """Start the policy, the environments, a detached engine and the HTTP rollout service,
+    and return once they answer; they stay up until `rayrollout down`. Collect then attaches
+    to the engine, trainers without Ray reach it over HTTP.
+
+    With no cluster named it starts a local Ray head that outlives the command. An `up`
+    stopped during start-up is finished by running the same `up` again."""
     from rayrollout.api.cluster import up as cluster_up
 
     run_config = _cluster_config(
@@ -105,18 +122,87 @@ def up(
     typer.echo(json.dumps(state, indent=2, default=str))
 
 
-def status(config: ConfigFile = None, namespace: Namespace = None, address: Address = None) -> None:
-    """List what is up in the namespace: Serve apps, replicas per node, workers, engine health."""
+def _emit(answer: dict[str, Any], code: int = 0) -> None:
+    typer.echo(json.dumps(answer, indent=2, default=str))
+    if code:
+        raise typer.Exit(code)
+
+
+def _attached(
+    config: Path | None, namespace: str | None, address: str | None, report: Any
+) -> tuple[RunConfig, str, str | None]:
+    """Join the running cluster (never start one) and pick the namespace: the one named
+    (``--namespace`` or the config's), else the one run that is up. Returns the config, the
+    namespace and the address joined (None: no cluster is up; nothing was joined).
+    ``report`` ends the command with a message and an exit code."""
+    from rayrollout.api.cluster import running_namespaces
+    from rayrollout.engine.services import attach_ray
+
+    run_config = _cluster_config(config, namespace, address, join=False)
+    try:
+        joined = attach_ray(run_config)
+    except (ConnectionError, RuntimeError) as exc:  # the address named does not answer
+        report(
+            f"the Ray cluster at {run_config.ray.address or 'RAY_ADDRESS'} does not "
+            f"answer ({type(exc).__name__}: {exc})",
+            1,
+        )
+    if joined is None or namespace is not None or config is not None:
+        return run_config, run_config.namespace, joined
+    running = running_namespaces()
+    if len(running) > 1:
+        report(f"several runs are up (namespaces {', '.join(running)}): pass --namespace", 2)
+    return run_config, running[0] if running else run_config.namespace, joined
+
+
+def status(config: ConfigFile = None, namespace: Namespace = None, address: Joined = None) -> None:
+    """Print, as JSON, what is up in the namespace: the Ray cluster, the HTTP service, the
+    engine's progress, Serve apps with replicas per node, workers. It joins the running
+    cluster and never starts one: with none up it says so and exits 1. With neither
+    --namespace nor --config it reports the one run that is up."""
     from rayrollout.api.cluster import status as cluster_status
+    from rayrollout.engine.local_head import find_head, state_summary
 
-    run_config = _cluster_config(config, namespace, address)
-    typer.echo(json.dumps(cluster_status(run_config.namespace), indent=2, default=str))
+    def report(message: str, code: int) -> NoReturn:
+        _emit({"ray": {"up": False} if code == 1 else {"up": True}, "error": message}, code)
+        raise typer.Exit(code)  # unreachable: _emit exits
+
+    run_config, name, joined = _attached(config, namespace, address, report)
+    if joined is None:
+        _emit(
+            {
+                "namespace": run_config.namespace,
+                "ray": {"up": False},
+                "error": "no Ray cluster is up: `rayrollout up --config FILE` starts one with "
+                "the run, or name one with --address or RAY_ADDRESS",
+            },
+            1,
+        )
+    head = find_head()
+    local = state_summary(head if head is not None and head.address == joined else None)
+    _emit({"ray": {"up": True, "address": joined, **local}, **cluster_status(name)})
 
 
-def down(config: ConfigFile = None, namespace: Namespace = None, address: Address = None) -> None:
-    """Remove the namespace's engine, workers, policy and environment apps."""
+def down(config: ConfigFile = None, namespace: Namespace = None, address: Joined = None) -> None:
+    """Remove the namespace's engine, HTTP service, workers, policy and environment apps;
+    then the local Ray `up` started, once no run is left on it. It never starts a Ray."""
+    import ray
+
     from rayrollout.api.cluster import down as cluster_down
+    from rayrollout.api.cluster import running_namespaces
+    from rayrollout.engine.local_head import find_head, stop_head
 
-    run_config = _cluster_config(config, namespace, address)
-    for item in cluster_down(run_config.namespace):
+    def report(message: str, code: int) -> NoReturn:
+        fail(message, code)
+
+    _, name, joined = _attached(config, namespace, address, report)
+    if joined is None:
+        typer.echo("nothing to remove: no Ray cluster is up")
+        return
+    for item in cluster_down(name):
         typer.echo(f"removed {item}")
+    head = find_head()
+    if head is not None and head.address == joined and not running_namespaces():
+        ray.shutdown()
+        stop_head(head)
+        typer.echo(f"removed local Ray head (pid {head.pid}, {head.address})")

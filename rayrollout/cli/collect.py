@@ -1,11 +1,8 @@
 """``rayrollout collect`` and ``rayrollout demo``: flags to a config, one
 ``RolloutEngine.collect``, and what a terminal shows of it (skipped rows, progress, summary).
 
-Checking the tasks, the rejects file, ``--limit`` and ``--resume`` are the API's
-(``rayrollout.api.collect``), so a Python caller gets the same run as this command. The
-command plans before it builds the engine, with every check before start
-(``rayrollout.api.preflight``, the policy's key required): a mistake is one line and exit 2
-before Ray starts, and a tasks file without rows is one notice line and exit 0.
+Planning and checks are the API's, so a Python caller gets the same run; a mistake is one
+line and exit 2 before Ray starts.
 """
 
 from __future__ import annotations
@@ -184,7 +181,9 @@ _FORMAT = typer.Option(
 _ENV = typer.Option("--env", help="Environment for rows that name none.")
 _AGENT = typer.Option(
     "--agent",
-    help="Agent for rows that name none (`rayrollout agent list`).",
+    help="Agent for rows that name none (`rayrollout agent list`). Unset, an environment "
+    "that declares one plays with its own (reset_step for GEM, skyrl-gym and OpenEnv; "
+    "verifiers for verifiers).",
     show_default="--config's agent, else tool_loop",
 )
 _ENV_URL = typer.Option(
@@ -194,7 +193,8 @@ _ENV_URL = typer.Option(
 )
 _POLICY = typer.Option(
     "--policy",
-    help="'scripted' (built-in test policy).",
+    help="Policy kind: 'scripted' (built-in test policy), or one a package registers "
+    "(rayrollout.policies entry point), its own settings in --config's policy section.",
     show_default="--config's policy.kind, else scripted",
 )
 _BASE_URL = typer.Option(

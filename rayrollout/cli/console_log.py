@@ -1,26 +1,9 @@
 """Where a run's log noise goes: a file in the output folder, so the console keeps only
 rayrollout's own progress, summary and errors.
 
-A run starts Ray, Serve and the environments' replicas, and each of them talks: Ray's
-driver logger (token-auth notices), Serve's INFO lines, and every worker's stdout and stderr,
-which Ray ships to the driver and prints on ``sys.stdout``/``sys.stderr`` (math-verify's
-warnings, gRPC's and vLLM's lines). A user reads none of it unless something went wrong, and
-at 80 columns it buried the summary. ``routed_logs`` sends all of it to ``LOG_FILE`` in the
-output folder instead, and ``--verbose`` leaves it on the console as before.
-
-How: for the run, ``sys.stdout`` and ``sys.stderr`` are the log file (so Ray's printing of
-worker lines, ``warnings`` and logging's last-resort handler land there), the console is
-pinned to the real stderr, and logging handlers writing to a standard stream (Ray's, Serve's)
-are pointed at the file. Nothing changes Ray's own configuration (``ray.init`` keeps
-``log_to_driver``): the lines still reach the driver, which is what puts them in the folder
-beside the rows they explain instead of only in Ray's session folder. Lines Ray's driver
-holds back as likely repeats of another worker's are released into the file on leaving;
-Ray would print them at the process's exit, after the summary, on the console.
-
-The file is created at its first line, so a run refused before Ray starts (bad task rows)
-leaves no folder behind. It is appended to, one header per run, so ``--resume`` keeps the
-earlier run's log. Part readers never see it: it lives in ``_logs/``, and every reader of the
-folder (ours, pyarrow, pandas, Ray Data) skips names starting with ``_``.
+Ray's, Serve's and every worker's output goes to ``LOG_FILE`` in the output folder, beside
+the rows it explains (``--verbose`` keeps it on the console); the file lives in ``_logs/``,
+which readers skip, and is appended to, one header per run.
 """
 
 from __future__ import annotations

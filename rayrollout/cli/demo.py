@@ -1,10 +1,8 @@
 """The demo's task file (the example tasks of every built-in environment this machine can
 run) and its defaults.
 
-An environment that says it cannot run here (``Environment.unavailable_reason``: the code
-sandbox without bubblewrap) is left out, and the command prints why, so that the demo a
-newcomer runs after ``pip install`` alone ends with every episode ``ok`` instead of a
-failed row per episode of that environment.
+An environment that cannot run here (``Environment.unavailable_reason``) is left out and the
+command says why, so a newcomer's first demo ends with every episode ``ok``.
 """
 
 from __future__ import annotations
@@ -35,7 +33,8 @@ def demo_defaults(config: RunConfig) -> dict[str, Any]:
     if "num_workers" not in config.workers.model_fields_set:
         defaults["workers"] = {"num_workers": 1}
     on_cluster = config.ray.address or os.environ.get("RAY_ADDRESS")
-    if "hosting" not in config.policy.scripted.model_fields_set and not on_cluster:
+    scripted = config.policy.settings.get("scripted") or {}  # the scripted kind's, as given
+    if config.policy.kind == "scripted" and "hosting" not in scripted and not on_cluster:
         defaults["policy"] = {"scripted": {"hosting": "actor"}}
     return defaults
 

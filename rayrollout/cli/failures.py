@@ -1,11 +1,8 @@
 """Why a run's episodes failed, for the closing summary: the commonest reasons with their
-counts and the ``rayrollout show`` command of one example each; and the exit code of a run
+counts and a ``rayrollout show`` command for one example each; and the exit code of a run
 in which every episode failed.
 
-The summary table counts statuses; a user whose run went wrong next asks "failed how?", and
-the answer is in the rows' ``error`` field. Reading it here, from this run's parts only (not
-from an earlier run resumed in the same folder), saves opening the folder by hand. Only
-failed runs pay for the read.
+Read from this run's parts only, and only when episodes failed.
 """
 
 from __future__ import annotations
@@ -31,6 +28,7 @@ __all__ = [
     "Reason",
     "all_failed",
     "failed_count",
+    "reason_key",
     "reason_of",
     "report_failures",
     "show_command",
@@ -49,6 +47,9 @@ are outcomes of the model, verified and scored like ``ok``."""
 _MAX_REASON = 160  # characters of a reason shown; the example's row has the whole error
 # An exception's type name followed by its message: ``RuntimeError: boom on 'x'``.
 _TYPE = re.compile(r"\b[A-Za-z_][\w.]*(?:Error|Exception|Exit|Timeout|Lost)(?=:)")
+# The values a message names, which differ per task: quoted text, numbers, hex ids.
+_VALUES = re.compile(r"'[^']*'|\"[^\"]*\"|\b0x[0-9a-fA-F]+\b|\b[0-9a-f]{8,}\b|\b\d+(?:\.\d+)?")
+_NUMBERS = re.compile(r"\b\d+(?:\.\d+)?")
 
 
 def failed_count(stats: EnvStats) -> int:
@@ -62,29 +63,36 @@ def all_failed(stats: EnvStats) -> bool:
 
 
 def reason_of(error: str | None) -> str:
-    """An error's reason: its first line, cut after the exception's type when it names one.
-
-    What follows the type is the exception's own message, which usually differs per task
-    (``tool 'run' failed: RuntimeError: boom on 'task 7'``), so cutting it groups the
-    episodes that failed the same way.
-    """
+    """An error's reason as the summary shows it: its first line, cause included
+    (``setting up the environment failed: ResetStepError: GEM environment id 'x' is not
+    registered; ...``), cut to 160 characters (the example's row has the whole error)."""
     lines = (error or "").strip().splitlines()
     first = lines[0].strip() if lines else ""
     if not first:
         return "(no error message)"
-    match = _TYPE.search(first)
-    reason = first[: match.end()] if match else first
-    return reason if len(reason) <= _MAX_REASON else reason[: _MAX_REASON - 3] + "..."
+    return first if len(first) <= _MAX_REASON else first[: _MAX_REASON - 3] + "..."
+
+
+def reason_key(reason: str) -> str:
+    """What episodes that failed the same way share: the ``reason`` with the values its
+    message names masked (quoted text, numbers, hex ids), since they usually differ per task
+    (``tool 'run' failed: RuntimeError: boom on 'task 7'``). Up to the exception's type only
+    numbers are: a different tool is a different reason, another step of the same failure
+    is not (``failed in step 2``)."""
+    match = _TYPE.search(reason)
+    head, message = (reason[: match.end()], reason[match.end() :]) if match else ("", reason)
+    return _NUMBERS.sub("<n>", head) + _VALUES.sub("<value>", message)
 
 
 @dataclass(frozen=True)
 class Reason:
-    """One reason episodes failed: how many, and one of them to look at."""
+    """One reason episodes failed: the first such episode's reason (``reason_of``), how many
+    failed alike (``reason_key``), and that episode, to look at."""
 
     text: str
-    count: int
     task_id: str
     sample_index: int
+    count: int
 
 
 def top_reasons(
@@ -95,16 +103,17 @@ def top_reasons(
     columns = ["task_id", "sample_index", "status", "error"]
     table = RunFolder(out_dir).table(columns, parts=[Path(p) for p in parts])
     counts: Counter[str] = Counter()
-    example: dict[str, tuple[str, int]] = {}
+    example: dict[str, tuple[str, str, int]] = {}  # by key: the first such row's reason
     for task_id, index, status, error in zip(
         *(table.column(name).to_pylist() for name in columns), strict=True
     ):
         if status not in FAILED_STATUSES:
             continue
         text = reason_of(error)
-        counts[text] += 1
-        example.setdefault(text, (task_id, index))
-    shown = [Reason(text, n, *example[text]) for text, n in counts.most_common(top)]
+        key = reason_key(text)
+        counts[key] += 1
+        example.setdefault(key, (text, task_id, index))
+    shown = [Reason(*example[key], count=n) for key, n in counts.most_common(top)]
     return shown, sum(counts.values()) - sum(r.count for r in shown)
 
 

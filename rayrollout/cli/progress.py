@@ -22,6 +22,7 @@ from rich.progress import (
 from rich.table import Table
 
 from rayrollout.cli.console_log import logs_routed
+from rayrollout.cli.failures import failed_count
 from rayrollout.engine.figures import RunSnapshot
 from rayrollout.engine.stats import EnvStats
 
@@ -29,7 +30,9 @@ __all__ = ["RunProgress", "reward_text", "summary_table"]
 
 
 class RunProgress:
-    """A progress bar fed with engine snapshots (episodes done, episodes/s, reward, errors).
+    """A progress bar fed with engine snapshots (episodes done, episodes/s, reward, and the
+    episodes that failed: ``error`` or ``timeout``, as the closing summary counts them; a
+    ``max_turns`` or ``truncated`` episode is verified and scored, not failed).
 
     Shown from ``begin`` on, not from ``with``: a run knows its episodes only once the engine
     holds the output folder (``resume`` leaves out what is written), and Ray's start-up logs
@@ -51,12 +54,12 @@ class RunProgress:
         columns: list[ProgressColumn] = [
             TextColumn("[bold]episodes"),
             # What the other columns leave at their widest (10000/10000 episodes, 4-digit
-            # errors), so the line never wraps or cuts a figure.
+            # failed), so the line never wraps or cuts a figure.
             BarColumn(bar_width=max(4, min(40, console.width - (84 if wide else 72)))),
             MofNCompleteColumn(),
             TextColumn("{task.fields[rate]:.1f}/s"),
             TextColumn("reward {task.fields[reward]}"),
-            TextColumn("errors {task.fields[errors]}"),
+            TextColumn("failed {task.fields[failed]}"),
         ]
         if wide:
             columns.append(TextColumn("in flight {task.fields[in_flight]}"))
@@ -69,7 +72,7 @@ class RunProgress:
             redirect_stderr=redirect,
         )
         self.task_id = self.progress.add_task(
-            "run", total=total, rate=0.0, reward=reward_text(0.0), errors=0, in_flight=0
+            "run", total=total, rate=0.0, reward=reward_text(0.0), failed=0, in_flight=0
         )
 
     def __enter__(self) -> RunProgress:
@@ -90,7 +93,7 @@ class RunProgress:
             completed=total.episodes,
             rate=snapshot.episodes_per_s,
             reward=reward_text(total.mean_reward),
-            errors=total.errors,
+            failed=failed_count(total),
             in_flight=snapshot.in_flight,
         )
 

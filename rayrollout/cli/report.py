@@ -1,12 +1,8 @@
 """``rayrollout report``: one self-contained HTML page describing a run's output folder.
 
-Reads the folder once into an episode table (``data.episode_table``: the small columns
-only, so a large run stays cheap), computes the run's figures from the rows' own timestamps
-(``data.run_summary``: duration and throughput per collect call, gaps of a resumed run
-kept out), draws the plots (``report_figures``, matplotlib, embedded as PNG data URIs) and
-lays out the page (``report_page``). The episodes it lists show thumbnails of the images
-they showed the model, read from those episodes' rows only. The page is one file that
-opens anywhere.
+Reads the folder once into an episode table (``data.episode_table``), computes the run's
+figures (``data.run_summary``), draws the plots (``report_figures``) and lays out the page
+(``report_page``): one file that opens anywhere.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """The report's plots: matplotlib figures of an episode table, each as an embedded PNG.
 
-Drawn with matplotlib's object API (``Figure``, no ``pyplot``), so no global state or
-backend is touched and figures are freed with their last reference. Figures are wide
-(``WIDTH`` inches at ``DPI``) and the page scales them to its full width.
-
-Colours carry meaning, so they are fixed: a status always has the same colour (``ok``
-green, ``error`` red, others distinct), and environments take the same colour in every
-plot (their sorted order in a qualitative palette).
+Drawn with the object API (no ``pyplot``), so no global state is touched. Colours carry
+meaning and are fixed: a status, and an environment, has the same colour in every plot.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """``rayrollout show``: one trajectory as a readable conversation in the terminal.
 
-Each image a message shows is named under it (its size, type, and where the run keeps it:
-once per row in the Parquet ``images`` column, inline in JSONL, or an http(s) URL); the
-table of model calls counts the images each call was sent. The header gives the reward
-(any finite float, -1 and 3 as they are); for an episode that stepped a reset/step
-environment, a table gives each step's reward and their running sum.
-
-Finding the row uses ``RunFolder``'s filtered scan (Parquet row groups are skipped by
-statistics, JSONL lines without the task id are never parsed), so a large output folder is
-never loaded whole.
+Images are named under their message (size, type, where the run keeps them), and a
+reset/step episode gets a table of step rewards. The row is found by ``RunFolder``'s
+filtered scan, so a large output folder is never loaded whole.
 """
 
 from __future__ import annotations

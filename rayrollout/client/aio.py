@@ -1,17 +1,8 @@
 """``AsyncRolloutClient``: the blocking client's calls as coroutines, for trainers on asyncio.
 
-One implementation, two forms (as the project keeps user hooks): each call runs the blocking
-client's in a worker thread (``asyncio.to_thread``), so the event loop never waits on a
-socket, and retries, idempotency keys, cursors and errors are the blocking client's, the
-same code. A stream takes each row from the blocking stream in a worker thread; the rows
-reach the loop in cursor order and the connection is closed when the loop stops reading.
-
-Example:
-    >>> from rayrollout.client import AsyncRolloutClient
-    >>> client = AsyncRolloutClient("http://127.0.0.1:8321", token=token)  # doctest: +SKIP
-    >>> batch = await client.submit(rows, n=8)  # doctest: +SKIP
-    >>> async for item in client.stream(batch.batch_id):  # doctest: +SKIP
-    ...     learn(item.trajectory)
+One implementation, two forms: each call runs the blocking client's in a worker thread
+(``asyncio.to_thread``), so retries, idempotency keys, cursors and errors are the same code,
+and the event loop never waits on a socket.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """What the HTTP client raises: one class per way a call to the rollout service fails.
 
-Each joins rayrollout's tree (``rayrollout.errors``) under the boundary it is about and
-keeps a builtin base: what the caller sent is wrong (``InputError``: a wrong token, a bad
-task row naming the row and the field, a batch the service does not know, a batch id reused
-with other tasks), or the service side failed (``ClusterError``: no engine answering, the
-service full, any other error answer). Every class that stands for an HTTP answer carries
-its ``status``, ``detail`` (the service's message) and ``body`` (the whole JSON answer);
-``except RayrolloutError`` catches them all.
+Each joins rayrollout's tree under its boundary (``InputError``: what the caller sent;
+``ClusterError``: the service side) and keeps a builtin base; one for an HTTP answer carries
+its ``status``, ``detail`` and ``body``.
 """
 
 from __future__ import annotations

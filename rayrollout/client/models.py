@@ -1,12 +1,8 @@
 """The rollout service's wire format, shared by the service and the client: one owner.
 
-Requests are strict (``extra="forbid"``: a misspelt field is a 400 naming it); answers are
-open (``extra="allow"``), so a client keeps working against a newer service that says more.
-A trajectory travels as the row ``Trajectory.to_row()`` writes to Parquet and JSONL (its
-JSON columns ``tools``, ``verification`` and ``task_fields`` as text): ``TrajectoryRow``
-types the fields a trainer reads (token ids, logprobs, policy version per turn, reward) and
-keeps every other one as it came. Nothing here imports pyarrow or Ray: this module is half
-of the light client.
+Requests are strict (``extra="forbid"``), answers open (``extra="allow"``), so a client keeps
+working against a newer service. A trajectory travels as its output row (``TrajectoryRow``).
+Nothing here imports pyarrow or Ray: this module is half of the light client.
 """
 
 from __future__ import annotations
@@ -19,9 +15,15 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 __all__ = [
     "BATCH_ID_PATTERN",
+    "MAX_VERSION",
+    "AckRequest",
+    "AggregateMetricsRequest",
     "BatchStatus",
+    "DeleteAnswer",
     "EngineStats",
+    "ErrorAnswer",
     "Limits",
+    "NemoGymRunRequest",
     "PauseAnswer",
     "PauseRequest",
     "PolicyState",
@@ -37,6 +39,8 @@ __all__ = [
 
 BATCH_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 """Batch ids: URL-safe, at most 128 characters (the client makes a UUID)."""
+MAX_VERSION = 2**53
+"""The highest policy version: every JSON reader (JavaScript's too) keeps it exact."""
 
 PauseMode = Literal["wait", "abort_and_retry", "continue"]
 
@@ -90,6 +94,16 @@ class RowError(_Answer):
     message: str
 
 
+class ErrorAnswer(_Answer):
+    """Any refused call (4xx, 5xx): what is wrong and how to fix it, in ``detail``."""
+
+    detail: str = Field(description="What was refused, the offending value, and the fix.")
+    field: str | None = Field(default=None, description="The offending field, dotted.")
+    errors: list[RowError] | None = Field(
+        default=None, description="A refused submit: every bad row (index, field, message)."
+    )
+
+
 class Limits(_Answer):
     """The service's bounds (the config's ``service`` section)."""
 
@@ -122,6 +136,23 @@ class BatchStatus(_Answer):
     )
     rejected: list[RowError] = Field(default_factory=list)
     limits: Limits
+
+
+class AckRequest(_Request):
+    """``POST /v1/batches/{id}/ack``: the client holds every row below ``cursor``."""
+
+    cursor: int = Field(
+        ge=0,
+        description="The cursor after the last row the client read (that row's cursor + 1); "
+        "a cursor past the rows streamed so far is refused (409) and frees nothing.",
+    )
+
+
+class DeleteAnswer(_Answer):
+    """``DELETE /v1/batches/{id}``: the batch is forgotten."""
+
+    batch_id: str
+    deleted: bool
 
 
 class Turn(_Answer):
@@ -183,12 +214,16 @@ class StreamedTrajectory(_Answer):
 
 
 class PauseRequest(_Request):
+    """``POST /v1/pause``: hold new model calls; those in flight per ``mode``."""
+
     mode: PauseMode | None = Field(
         default=None, description="Calls in flight: 'wait', 'abort_and_retry' or 'continue'."
     )
 
 
 class PauseAnswer(_Answer):
+    """What a pause held: the calls in flight and how long it took."""
+
     mode: str | None = None
     calls_in_flight: int = 0
     seconds: float = 0.0
@@ -198,9 +233,17 @@ class WeightsRequest(_Request):
     """``POST /v1/weights``: a checkpoint the engine can read, by absolute path."""
 
     path: str | None = Field(
-        default=None, description="Safetensors folder; None: only the version moves."
+        default=None,
+        description="Safetensors folder: absolute, readable, and under one of the run's "
+        "training.weights_roots (refused by name otherwise, before the policy pauses); "
+        "None: only the version moves.",
     )
-    version: int | None = Field(default=None, description="Default: the current version + 1.")
+    version: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_VERSION,
+        description="The new version, above the current one. Default: the current version + 1.",
+    )
     request_id: str | None = Field(
         default=None,
         pattern=BATCH_ID_PATTERN,
@@ -210,10 +253,14 @@ class WeightsRequest(_Request):
 
 
 class WeightsAnswer(_Answer):
+    """The policy's version after the call (vLLM adds ``replicas`` and ``workers``)."""
+
     version: int
 
 
 class PolicyState(_Answer):
+    """The policy's version and whether it is paused."""
+
     version: int
     paused: bool
 
@@ -236,4 +283,21 @@ class ServiceInfo(_Answer):
     output_dir: str
     output_format: str
     policy_version: int
+    open_batches: int = Field(
+        default=0, description="Batches with work left or rows unacknowledged."
+    )
     limits: Limits
+
+
+class NemoGymRunRequest(_Answer):
+    """``POST /run``: a NeMo Gym task row (its other fields are the verifier's)."""
+
+    responses_create_params: dict[str, Any] = Field(
+        description="The Responses API request of the row: its 'input' is the prompt."
+    )
+
+
+class AggregateMetricsRequest(_Answer):
+    """``POST /aggregate_metrics``: NeMo Gym's run figures of ``/run`` answers."""
+
+    verify_responses: list[dict[str, Any]] = Field(description="The /run answers.")

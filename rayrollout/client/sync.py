@@ -1,33 +1,9 @@
 """``RolloutClient``: a trainer's handle on a running rollout service, over HTTP, blocking.
 
-It offers what the engine actor offers a training loop (submit a batch of tasks with ``n``
-samples each, its trajectories as they finish or whole, pause, resume, new weights by path,
-stats, the output folder) to a process that has no Ray: a trainer on its own Python and pins.
-
-Exactly once across the boundary: ``submit`` names its batch with an id it makes (a UUID;
-pass your own to make a submit restartable across processes) and sends the same id on every
-retry, so a submit whose answer was lost adds nothing the second time. ``stream`` reads the
-batch's rows in cursor order and, when the connection drops, reconnects from the cursor after
-the last row it yielded: no row is lost or yielded twice. As it goes it acknowledges what it
-yielded, which lets the service run more of the batch (the service holds at most
-``limits.max_buffered_rows`` of a batch unacknowledged: a trainer that stops reading stalls
-its batch, never the service's memory). A process that dies and starts again passes the
-``cursor`` it had reached (``item.cursor + 1``), kept with its own checkpoint.
-
-An engine that dies under a batch this client submitted is ridden out: the stream sends
-the batch again (same id, same tasks: the service answers it from what it kept, or from
-its journal in the output folder, and runs only the samples without a row) until a new
-engine is up (``rayrollout up --resume``), for at most ``restart_wait_s``, and goes on
-from its cursor.
-
-Example:
-    >>> from rayrollout.client import RolloutClient
-    >>> token_file = "~/.rayrollout/route-tokens/rayrollout"
-    >>> client = RolloutClient("http://127.0.0.1:8321", token_file=token_file)  # doctest: +SKIP
-    >>> row = {"prompt": "Weather in Oslo?", "environment": "weather"}
-    >>> batch = client.submit([row], n=4)  # doctest: +SKIP
-    >>> for item in client.stream(batch.batch_id):  # doctest: +SKIP
-    ...     print(item.trajectory.key, item.trajectory.reward)
+What the engine actor offers a training loop, for a process without Ray. Exactly once across
+the boundary: ``submit`` sends one batch id on every retry, and ``stream`` reconnects from
+its cursor, acknowledging as it goes (a trainer that stops reading stalls its batch, never
+the service). An engine that dies under a batch is ridden out for ``restart_wait_s``.
 """
 
 from __future__ import annotations

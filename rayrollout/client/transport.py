@@ -1,15 +1,9 @@
 """HTTP for the client, on the standard library's ``http.client``: requests with retries, and
 the line stream of a batch.
 
-The standard library rather than httpx: the client must install next to any trainer's pins
-on Python 3.10-3.13, and the project's own HTTP library (httpx2) needs 3.11. A request that
-finds no server, or loses its connection, or gets 502/503/504, is sent again after a backoff
-(the calls that change state carry idempotency keys, so a retry never runs work twice);
-after ``retries`` tries it raises ``EngineGoneError``. Any other error status raises its
-class (``errors``; ``ServiceError`` for a status without one). Each request takes its own
-connection: the calls are few and large (a submit carries a batch, a stream carries its
-rows), so a pool would save nothing a trainer could measure, and a fresh connection never
-inherits a half-dead one.
+The standard library, so the client installs beside any trainer's pins on Python 3.10+. No
+answer or a 502/503/504 is retried with backoff (state-changing calls carry idempotency
+keys), then raises ``EngineGoneError``; any other error status raises its class.
 """
 
 from __future__ import annotations
@@ -62,6 +56,31 @@ def raise_for_status(status: int, body: bytes) -> dict[str, Any]:
     raise _ERRORS.get(status, ServiceError)(status, detail, answer)
 
 
+def _json_body(method: str, path: str, payload: Any) -> bytes:
+    """``payload`` as strict JSON: inf and nan have no JSON form, and the service would refuse
+    the whole body, so they are refused here, before anything is sent."""
+    try:
+        return json.dumps(payload, allow_nan=False).encode()
+    except ValueError as exc:
+        raise ValueError(
+            f"{method} {path}: the request holds a float JSON cannot carry (inf, -inf or nan): "
+            "replace it with a finite number, a string or null"
+        ) from exc
+
+
+def _why_gone(cause: BaseException | str) -> str:
+    """What the client can tell from how the service failed to answer."""
+    text = str(cause)
+    if "ConnectionRefused" in text:
+        seen = "nothing listens at that address (the service's process, or its Ray, is down"
+        seen += ", or Ray is restarting it)"
+    elif "HTTP 50" in text:
+        seen = "the service answers, but the engine behind it is down or restarting"
+    else:
+        seen = "the service did not answer in time (down, restarting, or unreachable)"
+    return f"{seen}; `rayrollout status` on the cluster says what is up"
+
+
 class Transport:
     """One service's address, token and retry rules."""
 
@@ -94,8 +113,8 @@ class Transport:
 
     def gone(self, tries: int, cause: BaseException | str) -> EngineGoneError:
         return EngineGoneError(
-            f"no rollout service answered at {self.url} after {tries} tries ({cause}): the "
-            "engine is down or restarting; `rayrollout status` says what is up"
+            f"no rollout service answered at {self.url} after {tries} tries ({cause}): "
+            + _why_gone(cause)
         )
 
     def request(
@@ -106,7 +125,7 @@ class Transport:
         timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """Send one request (again on connection loss or 502-504); its JSON answer."""
-        body = None if payload is None else json.dumps(payload).encode()
+        body = None if payload is None else _json_body(method, path, payload)
         last: BaseException | str = ""
         for attempt in range(self.retries + 1):
             if attempt:

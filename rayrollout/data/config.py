@@ -37,7 +37,6 @@ __all__ = [
     "PolicyConfig",
     "RayConfig",
     "RunConfig",
-    "ScriptedPolicyConfig",
     "ServiceConfig",
     "TrainingConfig",
     "WorkersConfig",
@@ -53,35 +52,23 @@ class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ScriptedPolicyConfig(_Config):
-    """Settings of the built-in scripted policy (a stand-in for a model in tests and demos)."""
+class PolicyConfig(BaseModel):
+    """Which policy answers, over which API, with which sampling and retry settings.
 
-    replicas: int = Field(default=1, ge=1, description="Serve replicas of the scripted policy.")
-    latency_s: float = Field(
-        default=0.0, ge=0.0, description="Think time added to every call (latency benchmarks)."
-    )
-    hosting: Literal["serve", "actor"] = Field(
-        default="serve",
-        description="'serve': a Ray Serve app (replicas, placement, a detached engine); "
-        "'actor': one plain Ray actor on the driver's node, started in a second with no "
-        "Serve, ending with the driver (the demo's; not for `rayrollout up`).",
-    )
+    These keys are every kind's; a kind's own settings (``vllm_config``, ``scripted``) sit
+    beside them and are its own: its ``settings_model`` checks them, unknown ones included,
+    when rayrollout takes the config (``rayrollout.policy.kinds.check_policy``), since this
+    layer does not know the kinds a package may add.
+    """
 
+    model_config = ConfigDict(extra="allow")
 
-class PolicyConfig(_Config):
-    """Which policy answers, over which API, with which sampling and retry settings."""
-
-    kind: Literal["scripted", "openai", "vllm"] = Field(
+    kind: str = Field(
         default="scripted",
-        description="'scripted': the built-in test policy on Ray Serve; 'openai': any "
-        "OpenAI-compatible endpoint at base_url; 'vllm': vLLM on Ray Serve LLM, deployed "
-        "from the YAML file vllm_config names, or one already up at base_url (deployed by "
-        "another run) whose control routes take new weights.",
-    )
-    vllm_config: str | None = Field(
-        default=None,
-        description="Kind 'vllm': path of the deployment YAML (deployments/vllm/cpu.yaml); "
-        "unset with base_url: the app already up there.",
+        description="The policy kind, by name: 'scripted' (the built-in test policy on Ray "
+        "Serve), 'openai' (any OpenAI-compatible endpoint at base_url), 'vllm' (vLLM on Ray "
+        "Serve LLM), or one a package registers under the 'rayrollout.policies' entry point. "
+        "The kind's own settings sit beside these keys (see 'Policy kinds' settings').",
     )
     tokenizer: str | None = Field(
         default=None,
@@ -137,26 +124,11 @@ class PolicyConfig(_Config):
         default_factory=dict,
         description="Escape hatch: extra request fields passed as is (e.g. vLLM sampling params).",
     )
-    scripted: ScriptedPolicyConfig = Field(default_factory=ScriptedPolicyConfig)
 
-    @model_validator(mode="after")
-    def _responses_needs_a_route(self) -> PolicyConfig:
-        # Caught here, not as a 404 on every episode of a run that took minutes to start.
-        if self.kind == "vllm" and self.api == "responses" and self.prompt_mode == "messages":
-            raise ValueError(
-                "api 'responses' does not work with kind 'vllm': Ray Serve LLM's ingress has "
-                "no /v1/responses. Use api: chat, or prompt_mode: token_ids (/v1/completions)"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _vllm_deploys_or_attaches(self) -> PolicyConfig:
-        if self.kind == "vllm" and self.base_url and self.vllm_config:
-            raise ValueError(
-                "kind 'vllm' takes vllm_config (the run deploys that app) or base_url (an app "
-                "already up), not both: leave one out"
-            )
-        return self
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The kind's own settings as given: every key that is not one of the common ones."""
+        return dict(self.model_extra or {})
 
 
 DEFAULT_AGENT = "tool_loop"
@@ -310,6 +282,18 @@ class RayConfig(_Config):
         "RAY_ADDRESS is set.",
     )
     num_cpus: int | None = Field(default=None, description="CPUs of a local Ray (default: all).")
+    head_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="GCS port of the local Ray head `rayrollout up` starts when no cluster is "
+        "named (0: any free port).",
+    )
+    temp_dir: str | None = Field(
+        default=None,
+        description="Temp folder of the local Ray head `rayrollout up` starts (its sockets "
+        "and logs); None: Ray's own (/tmp/ray).",
+    )
     serve_host: str = Field(default="127.0.0.1", description="Serve HTTP bind address.")
     serve_port: int = Field(default=8000, description="Serve HTTP port.")
     serve_proxy_location: Literal["EveryNode", "HeadOnly"] = Field(
@@ -354,6 +338,23 @@ class TrainingConfig(_Config):
         default=False,
         description="generate(): also write the trajectories it returns to the output folder.",
     )
+    weights_roots: list[str] | None = Field(
+        default=None,
+        description="Folders a checkpoint given to update_weights() must lie under, as "
+        "absolute paths; the checkpoint's path is resolved (symlinks, '..') before it is "
+        "compared. None: the run's output folder and the system temp folder. A path outside "
+        "them, relative, missing or unreadable is refused by name before the policy pauses.",
+    )
+
+    @model_validator(mode="after")
+    def _weights_roots_are_absolute(self) -> TrainingConfig:
+        relative = [root for root in self.weights_roots or () if not Path(root).is_absolute()]
+        if relative:
+            raise ValueError(
+                f"weights_roots must be absolute folders (the engine resolves nothing against "
+                f"its own working directory): got {relative[0]!r}"
+            )
+        return self
 
 
 class RunConfig(_Config):
@@ -368,7 +369,8 @@ class RunConfig(_Config):
     )
     agent: str | None = Field(
         default=None,
-        description="Agent (episode loop) for task rows that name none; None: 'tool_loop'.",
+        description="Agent (episode loop) for task rows that name none; None: the "
+        "environment's own default ('reset_step' for reset/step sources), else 'tool_loop'.",
     )
     agent_settings: dict[str, AgentSettings] = Field(
         default_factory=dict, description="Per-agent settings (path, args), by agent name."
@@ -420,7 +422,9 @@ class RunConfig(_Config):
         return self.environments.get(name) or EnvironmentConfig()
 
     def agent_of(self, task_agent: str | None) -> str:
-        """The agent that plays a task: its own, else the run's, else the built-in loop."""
+        """The agent a task names, else the run's, else the built-in loop, leaving out the
+        environment's own default: ``rayrollout.agent.registry.resolve_agent`` is the whole
+        order, and what plays an episode."""
         return task_agent or self.agent or DEFAULT_AGENT
 
     def agent_config(self, name: str) -> AgentSettings:

@@ -1,24 +1,8 @@
 """A run's episodes as one flat table: a row per episode, the columns a summary reads.
 
-``rayrollout report`` and ``rayrollout show`` (the episode list) read a run through this one
-table, so the page and the terminal agree on what an episode's seconds, tokens or queued
-time are. Only the small columns are read (never messages, turns or token ids), so a large
-run stays cheap; the ``metrics`` struct is flattened in Arrow, not row by row in Python.
-
-Each row carries its timestamps as Unix seconds, taken from the row itself:
-
-- ``queued_at``: the engine queued the episode (``started_at - metrics.seconds_queued``),
-- ``started_at``: the episode began (``metrics.started_at``),
-- ``finished_at``: it ended (``started_at + metrics.seconds_total``).
-
-``created_at`` is none of these to rely on: the row is built as the episode begins, so it
-says when an episode started, never when it ended (the old report's throughput, taken from
-its spread, read 121 episodes/s over 0.3 s for a 14.6 s run whose episodes all started at
-once). It stands in for ``started_at`` only where that is unset (rows that never ran, such
-as a lost worker's, or rows older than the field).
-
-and ``run``, the run id in the name of the part that holds it (a collect call's parts share
-one: ``part-<run>-<n>``), so a resumed run's collect calls can be told apart.
+``rayrollout report`` and ``show`` read a run through it, so they agree on an episode's
+times and tokens; only the small columns are read, so a large run stays cheap. Each row has
+``queued_at``, ``started_at``, ``finished_at`` (Unix seconds) and ``run``, its part's run id.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """The output folder's one-writer lock, and the note in it saying who holds it.
 
-Two runs writing one folder would write every ``(task_id, sample_index)`` twice, so the
-writer holds an ``flock`` on the folder's ``.lock`` for as long as it writes, and notes in
-the file who it is (``LockHolder``): its pid, its run's driver pid, its host. A run meeting
-a held lock reads the note to tell two cases apart:
-
-* the holder's driver is alive on this host: a second live run; refused at once.
-* the driver is gone: the orphaned writer of a killed run, which Ray ends within seconds of
-  its driver; waited for (a resumed run must not read which rows exist while it may still
-  add parts).
-
-``RunFolder.take_lock`` is the one caller. Imports nothing of rayrollout.
+Two writers would write every sample twice, so the writer ``flock``s ``.lock`` and notes its
+pid, driver pid and host (``LockHolder``): a held lock whose driver is alive is a second run,
+refused; one whose driver is gone is a killed run's orphan, waited for.
 """
 
 from __future__ import annotations

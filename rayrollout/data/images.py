@@ -1,17 +1,8 @@
 """Images as messages carry them: data URLs in memory and on the wire, bytes in Parquet.
 
-A message that shows an image holds it as a URL: a ``data:`` URL (the bytes, base64) or an
-``http(s)`` URL the task names (kept as it is: nothing fetches it here; the policy server
-does, or refuses). The OpenAI APIs take both forms, so a message goes to the policy as it
-is. A task may also name an image file: it is read when the task is read, relative to the
-task file's folder, and becomes a data URL then, so an episode never depends on a file
-that a worker on another node cannot see.
-
-Data URLs are kept in one canonical form (``data:<mime>;base64,<standard base64>``): the
-Parquet store (``schema``) keeps each image's bytes once per row and rebuilds the URL from
-them, and a canonical URL rebuilds to the very string it was.
-
-This module knows bytes and URLs only; ``schema`` builds message parts from them.
+An image is a ``data:`` URL or an ``http(s)`` URL kept as it is (the policy server fetches
+it); a task's image file becomes a data URL when the task is read, so no episode depends on
+a file another node cannot see. Data URLs are canonical, so Parquet keeps the bytes once.
 """
 
 from __future__ import annotations

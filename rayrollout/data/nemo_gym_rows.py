@@ -1,14 +1,8 @@
 """NeMo Gym's row shapes, read into a task's prompt, tools, sampling and fields.
 
-``tasks.parse_task_row`` reads two row formats; this module holds what NeMo Gym's adds:
-its envelopes (the materialized task ``{"task_id": {"taskset", "task_id"}, "task_input"}``
-and NeMo UserSim's ``{"task_id", "resolved_row"}``), its ``responses_create_params`` (the
-prompt as Responses-API input items, ``instructions``, Responses-API tools, sampling), and
-the refusals of what rayrollout cannot run, each starting with ``UNSUPPORTED``. Prompts of
-rayrollout's own rows may be Responses-API items too, so ``prompt_messages`` is shared.
-
-Every function takes the row's ``fail`` (``tasks.Fail``), so an error names the file, the
-line and the field. Imports only ``rayrollout.data`` modules below ``tasks``.
+Its envelopes, its ``responses_create_params``, the agent a row's ``agent_ref`` names, rows
+whose opening NeMo Gym's servers write, and refusals of what rayrollout cannot run (each
+starting ``UNSUPPORTED``); every error names the file, line and field (``tasks.Fail``).
 """
 
 from __future__ import annotations
@@ -19,17 +13,21 @@ from typing import Any
 from pydantic import ValidationError
 
 from rayrollout.data.responses import items_to_messages
-from rayrollout.data.schema import Message, SamplingParams, content_part
+from rayrollout.data.schema import Message, SamplingParams, Task, content_part
 
 __all__ = [
+    "AGENT_REF_AGENTS",
+    "NEMO_GYM_AGENT",
     "UNSUPPORTED",
     "Fail",
+    "agent_for_row",
     "from_nemo_gym",
+    "is_nemo_gym_task",
     "prompt_messages",
     "seeded_row",
     "short",
     "unwrap",
-    "usersim_refusal",
+    "usersim_task",
 ]
 
 UNSUPPORTED = "NeMo Gym feature not supported"
@@ -51,6 +49,24 @@ _SEED_REQUESTS = (("task_idx",), ("task_name", "task_ref", "dataset_ref"))
 
 Fail = Callable[[str | None, str], Exception]
 """Builds the error of the row being parsed (``InvalidTaskError``) from a field and a message."""
+
+NEMO_GYM_AGENT = "nemo_gym"
+"""The agent of rows whose opening NeMo Gym's own agent or environment server writes."""
+
+AGENT_REF_AGENTS = {
+    "gymnasium_agent": "reset_step",
+    "aviary_agent": "reset_step",
+    "toolsandbox_agent": "reset_step",
+    "simple_agent": "tool_loop",
+}
+"""NeMo Gym agent kinds and the rayrollout agent that plays a row as that kind does.
+
+A row's ``agent_ref.name`` names an agent server of NeMo Gym's config, which its configs
+name ``<server>_<kind>`` (``blackjack_gymnasium_agent`` is a ``gymnasium_agent``), so a name
+is matched by the kind it ends with: ``gymnasium_agent`` steps a Gymnasium-style server by
+``/reset`` and ``/step``, ``aviary_agent`` and ``toolsandbox_agent`` step a seeded server
+(both are the ``reset_step`` agent's loops), ``simple_agent`` is the tool loop. Other kinds
+(harnesses, simulations) have no rayrollout match here."""
 
 
 def unwrap(row: dict[str, Any], fail: Fail) -> tuple[dict[str, Any], str | None, str | None]:
@@ -121,15 +137,6 @@ def _materialized(row: dict[str, Any], fail: Fail) -> tuple[dict[str, Any], str]
     return extras | task_data | fields, f"{ident['taskset']}/{ident['task_id']}"
 
 
-_USERSIM_DETAIL = (
-    "A {task_id, resolved_row} row is NeMo UserSim's task input: a simulated user, run by "
-    "NeMo Gym's nemo_user_sim environment server from the persona and probe in resolved_row, "
-    "opens and carries on the conversation, so resolved_row holds no prompt "
-    "('responses_create_params' or 'prompt') for rayrollout to start from. Run it with NeMo "
-    "Gym, or write the opening turn into the row"
-)
-
-
 def _unsupported(feature: str, detail: str) -> str:
     """A refusal's message: the feature named first, then why and what to do."""
     return f"{UNSUPPORTED}: {feature}. {detail}"
@@ -138,15 +145,16 @@ def _unsupported(feature: str, detail: str) -> str:
 def from_nemo_gym(row: dict[str, Any], fail: Fail) -> dict[str, Any]:
     """A NeMo Gym row's prompt, tools, sampling and own fields; ``fields`` is the row whole.
 
-    An empty ``input`` is read only where the row carries the seed request of a server whose
-    ``/seed_session`` answers the first observation (``seeded_row``: aviary, toolsandbox,
-    terminal_bench_4): the task's ``opening`` is then ``seed_session`` and its prompt holds
-    ``instructions`` or nothing; the episode takes the observation from the server
-    (``environment.nemo_gym.seeded``). Any other empty ``input`` is refused: its first
-    observation is made by an agent harness that writes the prompt from the row's other
-    fields (``gdpval``'s stirrup agent, ``scicode``'s per-sub-step prompts,
-    ``legal_agent_bench``'s Harbor agent), which rayrollout does not run, so starting the
-    episode from an empty prompt would be another task, not this one.
+    An empty ``input`` opens the episode one of two ways. Where the row carries the seed
+    request of a server whose ``/seed_session`` answers the first observation
+    (``seeded_row``: aviary, toolsandbox, terminal_bench_4), the task's ``opening`` is
+    ``seed_session`` and its prompt holds ``instructions`` or nothing; the episode takes the
+    observation from the server (``environment.nemo_gym.seeded``). Any other empty ``input``
+    without ``instructions`` is written by NeMo Gym's agent from the row's other fields
+    (``gdpval``'s stirrup agent, ``scicode``'s per-sub-step prompts, ``legal_agent_bench``'s
+    Harbor agent): the task's ``opening`` is ``agent`` and its ``agent`` is ``nemo_gym``,
+    which hands the row whole to that agent server's ``/run``. Starting such an episode
+    from the empty prompt with another agent would be another task, not this one.
     """
     params = row["responses_create_params"]
     field = "responses_create_params.input"
@@ -172,11 +180,12 @@ def from_nemo_gym(row: dict[str, Any], fail: Fail) -> dict[str, Any]:
             f"must be a string (the system prompt), got {short(instructions)}",
         )
     items = params["input"]
-    seeded = False
+    opening = "prompt"
     if isinstance(items, list) and not items:
-        seeded = seeded_row(row)
-        if not instructions and not seeded:
-            raise fail(field, _first_observation_refusal(row))
+        if seeded_row(row):
+            opening = "seed_session"
+        elif not instructions:
+            opening = "agent"
         prompt: list[Message] = []
     else:
         prompt = prompt_messages(items, field, fail)
@@ -184,8 +193,10 @@ def from_nemo_gym(row: dict[str, Any], fail: Fail) -> dict[str, Any]:
         "prompt": _with_instructions(instructions, prompt),
         "fields": dict(row),
     }
-    if seeded:
-        data["opening"] = "seed_session"
+    if opening != "prompt":
+        data["opening"] = opening
+    if opening == "agent":
+        data["agent"] = NEMO_GYM_AGENT
     task_id = row.get("task_id")
     if task_id is not None:
         data["task_id"] = task_id
@@ -215,23 +226,6 @@ def seeded_row(row: dict[str, Any]) -> bool:
     the pinned task whose sandbox the seed prepares).
     """
     return any(all(key in row for key in keys) for keys in _SEED_REQUESTS)
-
-
-def _first_observation_refusal(row: dict[str, Any]) -> str:
-    """The refusal of an empty ``input``, naming the row's agent when it names one."""
-    agent_ref = row.get("agent_ref")
-    agent = agent_ref.get("name") if isinstance(agent_ref, dict) else None
-    by = f" (this row's agent: {agent!r})" if isinstance(agent, str) else ""
-    return _unsupported(
-        "a first observation made at run time",
-        "'input' is empty, so NeMo Gym makes the episode's opening messages while it runs"
-        f"{by}: with an agent harness that writes the prompt from the row's other fields, a "
-        "simulated user, or a /seed_session answer to a seed request rayrollout does not know "
-        "(it reads aviary's and toolsandbox's 'task_idx', terminal_bench_4's 'task_name', "
-        "'task_ref' and 'dataset_ref'). rayrollout starts such an episode from the prompt "
-        "stored in the row: put the opening messages in responses_create_params.input to run "
-        "it here",
-    )
 
 
 def _with_instructions(instructions: str | None, prompt: list[Message]) -> list[Message]:
@@ -373,6 +367,60 @@ def short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def usersim_refusal() -> str:
-    """The refusal of a NeMo UserSim row (a simulated user opens the conversation)."""
-    return _unsupported("NeMo UserSim's simulated user", _USERSIM_DETAIL)
+def usersim_task(row: dict[str, Any], flat: dict[str, Any]) -> dict[str, Any]:
+    """A NeMo UserSim row as a task's data: opened and carried on by NeMo Gym.
+
+    In NeMo UserSim's ``{"task_id", "resolved_row"}`` (alone or as a materialized task's
+    ``task_input``) a simulated user, run by NeMo Gym's ``nemo_user_sim`` environment server
+    from the persona and probe in ``resolved_row``, opens the conversation, and that server
+    scores it with its probe scorer; ``resolved_row`` holds no prompt. So the task's
+    ``opening`` is ``agent`` and its agent ``nemo_gym``, which hands the row to that
+    environment server; ``fields`` is the row as read (``row``), envelope and all, which is
+    what the server takes back. ``flat`` is the row unwrapped (``unwrap``), for its id and
+    environment.
+    """
+    data: dict[str, Any] = {
+        "prompt": [],
+        "opening": "agent",
+        "agent": NEMO_GYM_AGENT,
+        "fields": dict(row),
+    }
+    if flat.get("task_id") is not None:
+        data["task_id"] = flat["task_id"]
+    if isinstance(flat.get("environment"), str):
+        data["environment"] = flat["environment"]
+    return data
+
+
+def is_nemo_gym_task(task: Task) -> bool:
+    """Whether a task was read from a NeMo Gym row (its ``fields`` hold the row whole): an
+    exact copy of such a row is another task, as NeMo Gym plays every line it reads."""
+    fields = task.fields
+    return (
+        "responses_create_params" in fields
+        or "resolved_row" in fields
+        or ("task_input" in fields and isinstance(fields.get("task_id"), dict))
+    )
+
+
+def agent_for_row(task: Task) -> str | None:
+    """The rayrollout agent that plays a NeMo Gym task as NeMo Gym would, or None.
+
+    A task opened by its server's ``/seed_session`` is stepped by ``reset_step``; one whose
+    opening NeMo Gym's agent writes by ``nemo_gym``; otherwise the row's ``agent_ref`` names
+    the NeMo Gym agent, matched by its kind (``AGENT_REF_AGENTS``). This is the
+    environment's default (``Environment.agent_for``): the row's own ``agent`` and the run's
+    ``--agent`` come first.
+    """
+    if task.opening == "seed_session":
+        return "reset_step"
+    if task.opening == "agent":
+        return NEMO_GYM_AGENT
+    agent_ref = task.fields.get("agent_ref")
+    name = agent_ref.get("name") if isinstance(agent_ref, dict) else None
+    if not isinstance(name, str):
+        return None
+    for kind, agent in AGENT_REF_AGENTS.items():
+        if name == kind or name.endswith(f"_{kind}"):
+            return agent
+    return None

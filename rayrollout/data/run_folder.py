@@ -1,31 +1,10 @@
 """One owner of a run's output folder: what is in it, how it is named, and how it is read.
 
-Every reader and writer of the folder goes through ``RunFolder`` (the engine's writer,
-``generate(write=True)``, ``--resume``, ``read_trajectories``, export, show and report), so
-they agree on what a part is, which rows are already there and how an older part reads.
-Before this class each of them listed and read parts its own way, which is how a format
-switch and ``generate(write=True)`` each found a way to write a sample twice.
-
-A folder holds::
-
-    part-<run>-<nnnnn>.parquet    whole parts of a run (or .jsonl), renamed into place
-    .part-<run>-<nnnnn>.<ext>.tmp a part being written; readers (ours, pyarrow, pandas,
-                                  Ray Data) skip names starting with '.'
-    .lock                         flock'ed by the one process writing the folder
-    _rejects.jsonl                task rows that ``--skip-invalid`` left out, with the reason
-    _batches/<batch_id>/          the rollout service's journal of a batch not yet settled
-                                  (``rayrollout.api.service.journal`` owns it)
-
-Parts of both formats may sit side by side (a run resumed with another ``--format``); every
-reader here reads both. Parquet parts are read under the current Arrow schema, not their
-own: a part written before a field existed reads with the field's null (which the model
-turns into its default) instead of hiding the field in newer parts, and a column of an older
-name (``schema.RENAMED_COLUMNS``: ``agent``, now ``worker``) reads as its new one.
-
-Example:
-    >>> folder = RunFolder("rollouts/run1")  # doctest: +SKIP
-    >>> done = folder.written_digests()  # (task_id, sample_index) in done  # doctest: +SKIP
-    >>> first = next(folder.trajectories())  # doctest: +SKIP
+Every reader and writer of the folder goes through ``RunFolder``, so they agree on what a
+part is and which rows are there, and no path writes a sample twice. A folder holds
+``part-<run>-<n>.parquet`` (or ``.jsonl``) parts, ``.tmp`` parts being written (readers skip
+dot-files), the writer's ``.lock``, ``_rejects.jsonl`` and the service's ``_batches/``
+journals. Parquet parts read under the current schema, old column names under new ones.
 """
 
 from __future__ import annotations

@@ -1,22 +1,8 @@
-"""A run's figures computed from its rows alone: what the engine's ``stats()`` said, after the fact.
+"""A run's figures from its rows alone: what the engine's ``stats()`` said, after the fact.
 
-The output folder keeps no clock of the run, only the rows, and every row says when its
-episode was queued, started and finished (``episode_table``). Duration and throughput come
-from those times, never from when rows were written: the old report divided episodes by
-the spread of ``created_at`` (the last episodes finishing together gave 121 episodes/s over
-0.3 s for a run of 14.6 s at 2.7/s).
-
-A resumed run is several collect calls with gaps between them (a killed driver, a Ray
-start). Its activity is cut into *segments*: a new one begins where a run id changes (each
-collect call names its parts ``part-<run>-<n>``) once the earlier run's episodes are done,
-or where nothing was queued or running for more than ``GAP_S``. Active time is the sum of
-the segments' spans, each from its first episode queued to its last one finished, so
-throughput is episodes per second of work and a gap never dilutes it; ``wall_s`` keeps the
-whole span, gaps included.
-
-Rewards are any finite floats and are summed, averaged and spread as they are. The one
-figure that needs a threshold says so in its name: the pass rate counts rewards of at least
-``PASS_REWARD``; ``min_reward`` and ``max_reward`` show the range the rewards took.
+Duration and throughput come from each episode's own times (``episode_table``). A resumed
+run is cut into *segments* (a new run id, or a gap over ``GAP_S``), so a gap never dilutes
+throughput; the pass rate counts rewards of at least ``PASS_REWARD``.
 """
 
 from __future__ import annotations

@@ -299,11 +299,13 @@ class Task(_Model):
         max_length=MAX_ID_LENGTH,
         description="Registered environment name, e.g. 'weather'. No control characters.",
     )
-    opening: Literal["prompt", "seed_session"] = Field(
+    opening: Literal["prompt", "seed_session", "agent"] = Field(
         default="prompt",
-        description="Where the episode's first observation comes from: the prompt, or the "
+        description="Where the episode's first observation comes from: the prompt, the "
         "NeMo Gym resources server's /seed_session answer (a NeMo Gym row with an empty "
-        "'input' and the server's seed fields; the prompt may then be empty).",
+        "'input' and the server's seed fields), or the task's agent, which writes it from "
+        "the row's fields (a NeMo Gym row played by NeMo Gym's own agent or environment "
+        "server: the 'nemo_gym' agent). The prompt may be empty unless it is 'prompt'.",
     )
     prompt: list[Message] = Field(description="Opening messages of the episode.")
     tools: list[dict[str, Any]] | None = Field(
@@ -319,7 +321,8 @@ class Task(_Model):
         default=None,
         max_length=MAX_ID_LENGTH,
         description="Registered agent that plays this task ('module:Class' works too); None: "
-        "the run's --agent (default 'tool_loop').",
+        "the run's --agent, else the environment's own default ('reset_step' for reset/step "
+        "sources), else 'tool_loop'.",
     )
 
     @field_validator("task_id", "environment")
@@ -339,8 +342,9 @@ class Task(_Model):
     def _prompt_has_text(cls, prompt: list[Message], info: ValidationInfo) -> list[Message]:
         # A system prompt alone is a prompt: NeMo Gym tasks whose first user turn comes from
         # the environment (a Gymnasium /reset, a simulated customer) open with it only. A
-        # seeded task's opening is the server's, so its prompt may hold nothing.
-        if info.data.get("opening") == "seed_session":
+        # seeded task's opening is the server's, an agent-written one its agent's, so its
+        # prompt may hold nothing.
+        if info.data.get("opening") in ("seed_session", "agent"):
             return prompt
         if not any(
             m.role in ("system", "user") and ((m.content or "").strip() or m.images) for m in prompt

@@ -1,11 +1,8 @@
 """The ``service`` section of the run config: the rollout API over HTTP that ``rayrollout up``
 starts beside its detached engine (``rayrollout.api.service``).
 
-Its own module, as ``environment_config`` is, so ``config`` stays one screen per section. The
-limits here are what bounds the service's memory whatever its clients do: a batch's
-trajectories that are running or finished but not yet acknowledged by a client, the open
-batches, the size of one submit. A client that stops reading stalls its own batch at the
-first limit; the engine never buffers more for it.
+Its limits bound the service's memory whatever its clients do: a client that stops reading
+stalls its own batch at the first limit, and the engine buffers no more for it.
 """
 
 from __future__ import annotations

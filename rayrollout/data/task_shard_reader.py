@@ -1,11 +1,8 @@
 """The actor that iterates a shard set's dataset and hands its rows to the driver in chunks.
 
-Why an actor and not the driver: blocks pass through Ray's shared-memory object store, and
-every page of it a process reads stays in that process's resident set (found by measuring a
-driver that iterated the dataset itself: its own memory stayed flat while its shared pages
-grew with every block), and Ray Data's executor costs some tens of MB more. The driver
-takes this actor's rows in chunks small enough to travel inline (``task_shards.CHUNK_BYTES``),
-so its memory is what it is for one file. Ray Data is imported in the actor only.
+An actor, not the driver, because every object-store page a process reads stays in its
+resident set: the driver takes small chunks (``task_shards.CHUNK_BYTES``) and its memory
+stays that of one file. Ray Data is imported in the actor only.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The Ray Data source of a shard set's rows: tables of ``(source, line, raw)`` per shard.
 
-Ray Data's ``FileBasedDatasource`` lists, opens (any file system Arrow reads, with retries)
-and schedules the shards; this class reads one at a time (``shard_lines``), ``BLOCK_ROWS``
-rows to a table, so a read task streams its shard rather than holding it whole.
-
-Apart from ``task_shards`` because it imports Ray Data at import, which only the process
-that iterates the dataset (``task_shard_reader.ShardReader``) should pay for.
+Ray Data lists, opens and schedules the shards; this class reads one at a time,
+``BLOCK_ROWS`` rows to a table, so a read task streams its shard. Apart from
+``task_shards`` because it imports Ray Data, which only the reading actor should pay for.
 """
 
 from __future__ import annotations

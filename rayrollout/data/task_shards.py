@@ -1,32 +1,10 @@
 """Task sets of many files (shards), read through Ray Data's streaming reads.
 
-An RL prompt set is often a directory of Parquet or JSONL shards too large for one machine's
-memory or disk-reading speed. ``ShardSet`` names one (a directory, read recursively, or a
-glob; names starting with '.' or '_' are skipped, as Ray Data skips them), and ``stream``
-reads it with Ray Data: read tasks run on the cluster's nodes, and the rows come to the driver
-as it asks for them, so reading waits while the engine's queue is full, as the driver's
-submission does. The path must be one every node sees (a shared file system).
-
-The dataset is iterated by a reader actor (``task_shard_reader.ShardReader``), not by the
-driver, which takes the actor's rows in chunks small enough to travel inline
-(``CHUNK_BYTES``), one chunk ahead, so its memory is what it is for one file.
-
-Reading is a ``FileBasedDatasource`` of our own (``task_shard_source``) rather than
-``read_json``/``read_text``, because every row must be named by its shard and line, as a
-file's rows are: ``read_json`` infers one Arrow schema per block and fails a whole shard on
-one odd row (NeMo Gym rows differ in shape from row to row), and ``read_text`` splits on
-every Unicode line boundary (U+2028 is legal inside a JSON string) and drops blank lines'
-numbers. Each read task yields blocks of ``(source, line, raw)``: the shard's path within
-the set, the line (a Parquet file's row number, from 1), and the row's JSON text (a Parquet
-row is written as JSON by the worker), which the driver checks as it checks a file's lines
-(``tasks.row_from_line``). Blocks come back in shard order (``preserve_order``), so
-``--limit`` takes the same rows on every run and ``--resume`` finds them again.
-
-The first rows are read before Ray starts (``local_rows``), so that a bad first row is
-reported before anything starts, as with one file; ``stream`` goes on after them. The
-driver reads JSONL shards' lines itself; Parquet is decoded in other processes only: the
-head and the footers' row count by a child process (``task_shard_head``), the rest by Ray
-Data's read tasks, because decoding it would grow the driver for the whole run.
+``ShardSet`` names a directory or glob of Parquet or JSONL shards on a file system every
+node sees; ``stream`` reads it with Ray Data through a reader actor, in shard order, each row
+named by its shard and line and checked as a file's lines are, so ``--limit`` and
+``--resume`` find the same rows. The first rows are read before Ray starts (``local_rows``),
+so a bad first row is reported before anything starts.
 """
 
 from __future__ import annotations

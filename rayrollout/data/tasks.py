@@ -1,42 +1,15 @@
 """Task input: stream rows from JSONL or Parquet and turn each into a validated ``Task``.
 
-Two row formats are read as they are:
-
-* rayrollout's own: ``{"prompt": "..." | [messages], "environment"?, "task_id"?, "tools"?,
-  "sampling"?, ...verifier fields}``;
-* NeMo Gym's: ``{"responses_create_params": {"input": ..., "tools": [...]}, ...verifier
-  fields}``, with ``developer`` messages read as ``system``, ``instructions`` folded into the
-  leading system message, ``function_call``/``function_call_output`` items read as the
-  assistant's tool calls and the tools' answers, and Responses-API function tools converted
-  to Chat Completions form. Its two envelopes are unwrapped first: the materialized task
-  ``{"task_id": {"taskset", "task_id"}, "task_input": {...}}`` and NeMo UserSim's
-  ``{"task_id", "resolved_row"}``.
-
-A NeMo Gym row keeps every key in ``task.fields``, verbatim (``responses_create_params``,
-``task_id`` and ``environment`` included): rayrollout sends the whole row back to the
-resources server's ``/seed_session`` and ``/verify``, whose verifiers read what they like
-from it. What rayrollout cannot run is refused with an ``InvalidTaskError`` whose message
-starts "NeMo Gym feature not supported: <feature>" (see ``UNSUPPORTED``), never dropped
-silently. NeMo Gym's shapes are read in ``nemo_gym_rows``; this module reads files, tells
-the formats apart and validates the ``Task``.
-
-Files are streamed (a JSONL line or a Parquet batch at a time), never loaded whole, and what
-is kept across rows is bounded: ``UniqueTaskIds`` holds a fixed-size digest per id
-(``task_digests``), not the ids. A bad row raises ``InvalidTaskError`` naming the file, the
-line and the field. ``check_rows`` is the one checker of rows from anywhere (a file, a shard
-set read through Ray Data in ``task_shards``, rows in memory); ``read_tasks`` reads a file
-through it.
-
-A NeMo Gym row without its own ``task_id`` is numbered by its line, as NeMo Gym numbers the
-rows it reads (``_ng_task_index``): its id is its content's digest and its line
-(``numbered_task_id``), so identical lines are separate tasks (NeMo Gym's blackjack dataset
-is five copies of "Deal me in.", each dealt its own hand). A row of rayrollout's own format
-without an id keeps the id of its content alone, and a second identical row is refused as a
-copy (more samples of one task are ``--num-repeats``).
-
 (Over 400 lines for one job, a row from its bytes to a checked ``Task``: reading a line,
 parsing either format, checking its tools, its id's uniqueness; NeMo Gym's own shapes are
 already apart in ``nemo_gym_rows``.)
+
+Two row formats are read as they are: rayrollout's own (``prompt``, ``environment``,
+``tools``, ``sampling``, verifier fields) and NeMo Gym's (``responses_create_params``, kept
+whole in ``task.fields`` for its servers). Files stream a line or batch at a time, ids are
+kept as digests, and ``check_rows`` is the one checker of rows from anywhere; a bad row is
+an ``InvalidTaskError`` naming file, line and field. Identical NeMo Gym lines are separate
+tasks, numbered as NeMo Gym numbers them; an identical row of rayrollout's format is a copy.
 """
 
 from __future__ import annotations
@@ -57,12 +30,13 @@ from rayrollout.data.nemo_gym_rows import (
     UNSUPPORTED,
     Fail,
     from_nemo_gym,
+    is_nemo_gym_task,
     prompt_messages,
     short,
     unwrap,
-    usersim_refusal,
+    usersim_task,
 )
-from rayrollout.data.schema import Task, stable_task_id
+from rayrollout.data.schema import MAX_ID_LENGTH, Task, stable_task_id
 from rayrollout.data.task_digests import DigestTable, digest
 from rayrollout.errors import InputError
 
@@ -75,6 +49,7 @@ __all__ = [
     "SourceRow",
     "UniqueTaskIds",
     "check_rows",
+    "copy_task_id",
     "iter_task_rows",
     "nesting_depth",
     "numbered_task_id",
@@ -237,15 +212,15 @@ def parse_task_row(
     if nesting_depth(row) > MAX_DEPTH:
         raise fail(None, _too_deep())
     flat, envelope_id, usersim = unwrap(row, fail)
-    nemo_gym = "responses_create_params" in flat
-    if nemo_gym:
+    nemo_gym = "responses_create_params" in flat or usersim is not None
+    if "responses_create_params" in flat:
         data = from_nemo_gym(flat, fail)
     elif "prompt" in flat:
         data = {k: flat[k] for k in _OWN_KEYS if k in flat}
         data["prompt"] = prompt_messages(flat["prompt"], "prompt", fail)
         data["fields"] = {k: v for k, v in flat.items() if k not in _OWN_KEYS}
     elif usersim is not None:
-        raise fail(usersim, usersim_refusal())
+        data = usersim_task(row, flat)
     elif flat is not row:
         raise fail(
             "task_input",
@@ -361,21 +336,27 @@ class UniqueTaskIds:
 
     Two rows with one id would both run and write the same ``(task_id, sample_index)``
     keys, and ``--resume`` would count either as the other. A repeat with different content
-    is an error naming both lines; an exact copy is an error too (not silently dropped: a
-    copy usually means a file was concatenated twice, and more samples of a task are
-    ``--num-repeats``). Only valid rows claim an id, so a rejected row never blocks a later
-    one.
+    is an error naming both lines. An exact copy of a row of rayrollout's own format is an
+    error too (not silently dropped: a copy usually means a file was concatenated twice,
+    and more samples of a task are ``--num-repeats``). An exact copy of a NeMo Gym row
+    (``check(..., copies=True)``) is another task, as NeMo Gym plays every line it reads
+    (``multichallenge``'s dataset repeats a line byte for byte): the k-th copy of id ``X``
+    becomes ``X#k`` (``copy_task_id``), the same id every time the file is read in the
+    same order, so ``--resume`` finds what it wrote. Only valid rows claim an id, so a
+    rejected row never blocks a later one.
 
     Memory stays flat in the number of rows: an id is kept as a 12-byte digest with where
     it was met (source and line, 8 bytes) and a 4-byte digest of its task's content (which
-    tells a copy from a clash), 24 bytes a task in a ``DigestTable``, never the id itself.
-    Sources (files, shards) are numbered once each.
+    tells a copy from a clash), 24 bytes a task in a ``DigestTable``, never the id itself;
+    an id that has copies adds its digest and a count. Sources (files, shards) are
+    numbered once each.
     """
 
     def __init__(self) -> None:
         self._claims = DigestTable(_CLAIM)
         self._sources: dict[str, int] = {}
         self._names: list[str] = []
+        self._copies: dict[bytes, int] = {}  # id digest -> copies of it met so far
 
     def __len__(self) -> int:
         return len(self._claims)
@@ -385,33 +366,79 @@ class UniqueTaskIds:
         """Bytes of the digests held (the sorted runs; the buffer adds up to about 2 MB)."""
         return self._claims.nbytes
 
-    def check(self, task: Task, source: str, line: int) -> None:
+    def check(self, task: Task, source: str, line: int, *, copies: bool = False) -> Task:
         """Claim ``task``'s id for ``line`` of ``source``, or raise ``InvalidTaskError``
-        naming the row that claimed it first."""
+        naming the row that claimed it first. Returns the task; with ``copies`` (a NeMo Gym
+        row), an exact copy of an earlier row comes back as another task, its id that of
+        its copy index (``copy_task_id``)."""
         number = self._sources.setdefault(source, len(self._sources))
         if number == len(self._names):
             self._names.append(source)
-        content = int.from_bytes(digest(task.model_dump_json().encode())[:4], "little")
         where = (number << _LINE_BITS) | line
+        content = _content(task)
         first_where, first_content = self._claims.setdefault(
             task.task_id.encode(), (where, content)
         )
         if first_where == where:
-            return
-        first_source = self._names[first_where >> _LINE_BITS]
-        first_line = first_where & ((1 << _LINE_BITS) - 1)
-        there = f"line {first_line}" + ("" if first_source == source else f" of {first_source}")
-        if first_content == content:
+            return task
+        there = self._there(first_where, source)
+        if first_content != content:
+            message = (
+                f"task_id {task.task_id!r} is also on {there}, with different "
+                "content; task ids must be unique: give one of the two rows another task_id"
+            )
+        elif not copies:
             message = (
                 f"task_id {task.task_id!r} repeats {there} exactly; remove the copy "
                 "(more samples of one task: --num-repeats)"
             )
         else:
-            message = (
-                f"task_id {task.task_id!r} is also on {there}, with different "
-                "content; task ids must be unique: give one of the two rows another task_id"
-            )
+            return self._copy(task, source, line, where, there)
         raise InvalidTaskError(source, line, "task_id", message)
+
+    def _copy(self, task: Task, source: str, line: int, where: int, there: str) -> Task:
+        """The exact copy of the row on ``there`` as a task of its own, its id claimed."""
+        key = digest(task.task_id.encode())
+        index = self._copies.get(key, 0) + 1
+        self._copies[key] = index
+        copy_id = copy_task_id(task.task_id, index)
+        if len(copy_id) > MAX_ID_LENGTH:
+            raise InvalidTaskError(
+                source,
+                line,
+                "task_id",
+                f"repeats {there} exactly, and its copy's id {short(copy_id)} would be over "
+                f"{MAX_ID_LENGTH} characters: give the row a shorter task_id",
+            )
+        copy = task.model_copy(update={"task_id": copy_id})
+        first_where, _ = self._claims.setdefault(copy_id.encode(), (where, _content(copy)))
+        if first_where != where:
+            raise InvalidTaskError(
+                source,
+                line,
+                "task_id",
+                f"task_id {task.task_id!r} repeats {there} exactly, and {copy_id!r}, the id "
+                f"of copy {index}, is taken by {self._there(first_where, source)}: give one "
+                "of these rows another task_id",
+            )
+        return copy
+
+    def _there(self, first_where: int, source: str) -> str:
+        """Where a claim was made, as an error names it ("line 3", "line 3 of a.jsonl")."""
+        first_source = self._names[first_where >> _LINE_BITS]
+        first_line = first_where & ((1 << _LINE_BITS) - 1)
+        return f"line {first_line}" + ("" if first_source == source else f" of {first_source}")
+
+
+def _content(task: Task) -> int:
+    """A 4-byte digest of a task's content, which tells an exact copy from a clash."""
+    return int.from_bytes(digest(task.model_dump_json().encode())[:4], "little")
+
+
+def copy_task_id(task_id: str, index: int) -> str:
+    """The id of the ``index``-th exact copy (1, 2, ...) of a NeMo Gym row whose id is
+    ``task_id``: ``"<task_id>#<index>"``; the first occurrence keeps ``task_id``."""
+    return f"{task_id}#{index}"
 
 
 def check_rows(
@@ -468,7 +495,7 @@ def check_rows(
                         "environment",
                         f"unknown environment {task.environment!r} (see `rayrollout env list`)",
                     )
-            unique.check(task, source, line)
+            task = unique.check(task, source, line, copies=is_nemo_gym_task(task))
         except InvalidTaskError as exc:
             yield source, line, exc, raw
             continue

@@ -1,9 +1,5 @@
 """A pydantic validation error as the one line rayrollout's errors give: the field, what is
-wrong with it, and what was there.
-
-Every boundary that validates what another program sent (an environment server's answer, a
-service request, a row read back) names the first bad field the same way; one helper keeps
-the wording alike.
+wrong with it, and what was there, worded alike at every boundary.
 
 May import: nothing of rayrollout.
 """

@@ -1,10 +1,8 @@
 """Streaming output: trajectories go to Parquet or JSONL part files while the run goes on.
 
-Sinks follow one lifecycle (``start``, ``write``, ``complete``, ``failed``); Parquet and JSONL
-are two implementations of it, differing only in how a table becomes a file. Everything
-about the folder itself (part names, temporary files renamed into place, the lock, what is
-already written) belongs to ``RunFolder``. ``PartWriter`` cuts rows into parts, so memory is
-bounded by ``rows_per_part``.
+Sinks share one lifecycle (``start``, ``write``, ``complete``, ``failed``); ``PartWriter``
+cuts rows into parts, so memory is bounded by ``rows_per_part``. The folder itself (names,
+temporary files, the lock, what is written) is ``RunFolder``'s.
 """
 
 from __future__ import annotations

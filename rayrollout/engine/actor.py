@@ -181,7 +181,7 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         if to_deploy:
             deploying = asyncio.ensure_future(self.environments.ensure_all(sorted(to_deploy)))
             await self._queue([s for s in specs if s.task.environment not in to_deploy])
-            await deploying  # a failed deployment is the caller's error, as before
+            await deploying  # a failed deployment is the caller's error
             specs = [s for s in specs if s.task.environment in to_deploy]
         await self._queue(specs)
 

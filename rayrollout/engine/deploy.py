@@ -1,10 +1,8 @@
 """Environment deployment: the engine puts a Serve-hosted environment up the first time a
 task needs it (or when ``rayrollout up`` names it), once per environment.
 
-Deploying from the engine rather than the driver: the set of environments is known only
-while tasks stream, and the same path serves training loops that call the engine directly.
-Inline and remote environments need nothing deployed; an unknown name is let through, so its
-episodes end as errors naming the problem instead of failing the run.
+The engine deploys, not the driver, because the environments are known only while tasks
+stream, and training loops calling the engine take the same path.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """One episode: the environment session around an agent's ``play``, then the verifier.
 
-The agent (``rayrollout.agent``; the built-in tool loop by default) decides the loop; this
-module owns what is the engine's: the session's setup and close, the episode's time limit,
-and the mapping of everything that can go wrong (the agent's own faults included) to the
-trajectory's ``status`` and ``error``; nothing escapes to fail the run. Mistakes of the
-model (unknown tool, bad JSON arguments) are answered to the model as tool errors and the
-episode goes on.
+The agent decides the loop; this module owns the session's setup and close, the time limit,
+and the mapping of every failure (the agent's own included) to the trajectory's ``status``
+and ``error``, so nothing escapes to fail the run.
 """
 
 from __future__ import annotations
@@ -22,6 +19,7 @@ from rayrollout.agent.registry import agent_spec
 from rayrollout.data.config import DEFAULT_AGENT, EpisodeConfig
 from rayrollout.data.schema import Task, Trajectory
 from rayrollout.environment import Environment, Verification
+from rayrollout.environment.contract import episode_limits
 from rayrollout.environment.sessions import EnvSession
 from rayrollout.policy.protocol import Policy
 
@@ -105,6 +103,7 @@ async def run_episode(
     try:
         await session.setup()
         is_set_up = True
+        episode.limits = episode_limits(limits, session)  # the environment's own turn limit
         try:
             verdict = await _play(agent or _TOOL_LOOP, played_by, episode, limits)
         finally:

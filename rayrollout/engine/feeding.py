@@ -1,11 +1,8 @@
 """How many episodes the engine keeps out at once, and in what batches.
 
-The engine sends episodes to workers ahead of need (a reserve waiting in the workers beyond
-``concurrency``), so that a slot freed at the end of an episode starts the next one at once
-instead of after a refill: the row scored, built and sent to the engine, the freed room
-seen, the next batch sent back. ``Refill`` keeps what the reserve is sized from (the run's
-episode time and the refill lag), measured from the rows as they arrive; ``worker_limits``
-turns a reserve into the feeder's two limits for one worker.
+A reserve waits in the workers beyond ``concurrency``, so a freed slot starts the next
+episode at once instead of after a round trip; ``Refill`` sizes it from the run's measured
+episode time and refill lag, and ``worker_limits`` splits it per worker.
 """
 
 from __future__ import annotations

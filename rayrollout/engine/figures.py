@@ -1,12 +1,9 @@
 """What the engine hands back about a run: typed figures, one model per answer.
 
-``EngineActor.progress``/``finish`` answer a ``RunSnapshot`` (the driver's progress bar and
-summary table read it) and ``stats`` an ``EngineStats`` (what a training loop logs). They
-cross a Ray call, so a driver reading a misspelt key used to get a ``KeyError`` at the end of
-a long run; as models, the type checker and pydantic catch it where it is written.
-
-Training loops written against the dict form keep working: every model here reads as a
-mapping too (``stats["mean_reward"]``, ``summary["total"]["episodes"]``, ``dict(stats)``).
+``EngineActor.progress``/``finish`` answer a ``RunSnapshot`` (the progress bar and summary
+read it) and ``stats`` an ``EngineStats`` (what a training loop logs): as models, a misspelt
+key fails where it is written, not at the end of a long run. Each also reads as a mapping
+(``stats["mean_reward"]``, ``dict(stats)``).
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """Node roles -> where each part of a run is scheduled.
 
-A cluster marks its nodes with Ray custom resources (``ray start --resources
-'{"gpu_node": 1}'``); the config's ``placement`` section names them. Policy replicas then
-require a sliver of the GPU-node resource, and workers, environment replicas and the engine a
-sliver of the CPU-node resource, so each lands only on nodes of its role. A sliver (0.001 by
-default) marks a role without limiting how many actors a node takes: CPUs still do that.
-With ``placement`` unset nothing is constrained and a single node runs everything.
-
-Example:
-    >>> from rayrollout.data.config import RunConfig
-    >>> config = RunConfig.model_validate({"placement": {"gpu_resource": "gpu_node"}})
-    >>> policy_actor_options(config, {"num_cpus": 0.1})
-    {'num_cpus': 0.1, 'resources': {'gpu_node': 0.001}}
+The config's ``placement`` names the Ray custom resources that mark GPU and CPU nodes;
+policy replicas require a sliver of the first, workers, environment replicas and the engine
+of the second, which marks a role without capping actors per node. Unset: no constraint.
 """
 
 from __future__ import annotations

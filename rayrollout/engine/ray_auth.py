@@ -1,13 +1,8 @@
 """Ray's own token authentication, asked for by rayrollout rather than left to chance.
 
-Ray 2.60's GCS, raylets and workers listen on every interface (a loopback node IP is
-rewritten to the machine's address, and there is no bind option), so on a shared network
-anyone who reaches a port could submit tasks, unless Ray's token auth is on. Ray turns it
-on for a new local ``ray.init`` only when ``RAY_AUTH_MODE`` is unset, and ``ray start``
-only when a token file happens to exist; the token file it writes is readable by every
-user of the machine. So before Ray starts, rayrollout sets ``RAY_AUTH_MODE=token`` and
-makes sure the token file exists and is its owner's alone. A user who set
-``RAY_AUTH_MODE=disabled`` keeps it, with a warning that says what that means.
+Ray's processes listen on every interface, so without token auth anyone reaching a port can
+submit tasks. Before Ray starts, rayrollout sets ``RAY_AUTH_MODE=token`` and makes the token
+file its owner's alone; a user's ``RAY_AUTH_MODE=disabled`` stands, with a warning.
 """
 
 from __future__ import annotations

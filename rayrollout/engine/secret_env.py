@@ -1,36 +1,10 @@
 """Secrets only where they are used: the policy key and the Ray processes of a run.
 
-Two rules, because a Ray process inherits the environment of whoever started it:
-
-1. **A Ray that rayrollout starts starts without secrets.** ``without_secrets`` takes every
-   secret-looking variable (``is_secret_name``) out of ``os.environ`` for the duration of
-   ``ray.init``, so the GCS, the raylet and every process it forks later (environment
-   replicas, Serve's proxy, the engine, the workers) never hold them; the driver gets them
-   back as soon as Ray is up. A cluster rayrollout joins (``RAY_ADDRESS``, ``--address``,
-   ``ray job submit``) was started by someone else: its processes have whatever environment
-   ``ray start`` had, which is not ours to scrub.
-2. **The policy key travels to the workers only, as data.** The driver reads it once
-   (``policy_key``) and hands it to the engine actor's constructor as a ``SecretStr``; the
-   engine hands it to each worker's constructor, and the worker gives it to its
-   ``PolicyClient`` (the engine itself sends it only to a vLLM app's control routes, to
-   load new weights into an app the run attached to). It is never put in a process
-   environment (not even the workers': tool subprocesses of an inline environment would
-   inherit it there), never in a ``runtime_env`` (Ray shows those in its state API and
-   dashboard), and its repr is ``'**********'``, so a logged argument shows stars. Ray
-   keeps an actor's constructor arguments to restart it, so a restarted worker gets the
-   key again. On a joined cluster this is also how the key gets there: it comes from the
-   driver's environment, not the cluster's. Without a key in the driver's environment, a
-   worker falls back to its own environment (a cluster whose nodes were started with the
-   key set).
-
-Example:
-    >>> import os
-    >>> os.environ["DEMO_API_KEY"] = "sk-demo"
-    >>> with without_secrets():
-    ...     "DEMO_API_KEY" in os.environ
-    False
-    >>> os.environ.pop("DEMO_API_KEY")
-    'sk-demo'
+A Ray process inherits the environment of whoever started it, so a Ray that rayrollout
+starts starts without secret-looking variables (``without_secrets``), and the policy key
+travels to the workers only as a constructor argument (a ``SecretStr``): never in a process
+environment or a ``runtime_env``, which Ray shows. A cluster rayrollout joins keeps the
+environment its own ``ray start`` had.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Bringing up what a run needs: Ray, Serve's HTTP proxy, and the policy application.
 
-Environments are deployed by the engine when a task first needs them (``deploy``); the
-policy is deployed here because every episode needs it from the first call. Its kind is
-found by name (``rayrollout.policy.kinds``), so nothing here imports a deployment by name.
-Ray Serve is imported only on the way to starting it: with FastAPI and pandas it is over a
-second of CPU in the driver, before Ray starts, that a run with an external policy and
-inline or URL environments never uses.
+``ensure_ray`` joins or starts Ray; ``attach_ray`` only joins. The policy is deployed here,
+through its kind found by name, because every episode needs it from the first call; Serve
+is imported only on the way to starting it, which runs without Serve never pay for.
 """
 
 from __future__ import annotations
@@ -19,6 +16,7 @@ from ray.exceptions import RayActorError
 
 from rayrollout.auth import RouteAuth
 from rayrollout.data.config import RunConfig
+from rayrollout.engine.local_head import find_head, start_or_join_head
 from rayrollout.engine.ray_auth import require_ray_token_auth
 from rayrollout.engine.secret_env import without_secrets
 from rayrollout.errors import ClusterError, InputError
@@ -26,6 +24,7 @@ from rayrollout.policy.kinds import OwnServer, policy_kind
 
 __all__ = [
     "PolicyEndpointError",
+    "attach_ray",
     "deploy_policy",
     "ensure_ray",
     "ensure_serve",
@@ -38,7 +37,7 @@ class PolicyEndpointError(InputError, ValueError):
     """The config names no usable policy endpoint."""
 
 
-def ensure_ray(config: RunConfig) -> None:
+def ensure_ray(config: RunConfig, *, lasting: bool = False) -> None:
     """Join the configured cluster (or RAY_ADDRESS), or start a local Ray.
 
     A local Ray starts without the driver's secrets (``secrets.without_secrets``): the
@@ -49,6 +48,12 @@ def ensure_ray(config: RunConfig) -> None:
     Ray's token authentication is asked for explicitly, local or cluster (``ray_auth``):
     Ray 2.60 binds its gRPC ports on every interface, and the token is what keeps a
     stranger on the network from submitting work.
+
+    Args:
+        config: The run's config (``ray`` section, ``namespace``).
+        lasting: For ``rayrollout up``: with no cluster named, join the local head an
+            earlier ``up`` started, or start one that outlives this process
+            (``local_head``), instead of a Ray that ends with it.
     """
     if ray.is_initialized():
         return
@@ -62,12 +67,37 @@ def ensure_ray(config: RunConfig) -> None:
     for name, value in _SERVE_PATIENCE.items():  # the local Ray's processes inherit them
         os.environ.setdefault(name, value)
     with without_secrets(extra=[config.policy.api_key_env]):
+        if lasting:
+            head = start_or_join_head(config, dict(os.environ))
+            ray.init(address=head.address, **kwargs)
+            return
         ray.init(
             address="local",  # join a cluster only when RAY_ADDRESS or --address says so
             num_cpus=config.ray.num_cpus or max(2, os.cpu_count() or 2),
             include_dashboard=False,
             **kwargs,
         )
+
+
+def attach_ray(config: RunConfig) -> str | None:
+    """Join the running cluster without ever starting one: ``ray.address``, RAY_ADDRESS,
+    else the local head ``rayrollout up`` started (``local_head``). Returns the address
+    joined, or None when there is none to join (nothing was started).
+
+    Raises:
+        ConnectionError: the named cluster does not answer (Ray's own error).
+    """
+    address = config.ray.address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        head = find_head()
+        address = head.address if head is not None else None
+    if not address:
+        return None
+    if not ray.is_initialized():
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        require_ray_token_auth()
+        ray.init(address=address, namespace=config.namespace, logging_level=logging.WARNING)
+    return address
 
 
 def ensure_serve(config: RunConfig) -> None:

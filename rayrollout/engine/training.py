@@ -1,16 +1,8 @@
 """The engine actor's training-loop interface: ``generate``, ``pause``, ``resume``,
 ``update_weights`` and ``stats``, which a trainer calls on the actor found by name.
 
-A mixin of ``EngineActor`` rather than a separate object: Ray exposes an actor class's
-methods (inherited ones too) as remote methods, so the trainer-facing names and their
-docstrings live here once, with no forwarding layer in the actor. The collect pipeline
-(``actor``) supplies what these methods stand on, declared below: the config, the weight
-sync, the run's figures, the output folder and ``_run_specs`` (episodes through the queue).
-
-Across calls the engine keeps no state per task but the next free sample index of each task
-written (``NextSamples``: 16 bytes a task, as digests), so a training run over millions of
-prompts holds what is in flight and those digests; a call's own tasks are held only while
-it runs.
+A mixin of ``EngineActor``, so Ray exposes these as the actor's methods with no forwarding
+layer. Across calls the engine keeps per task only its next free sample index, as digests.
 """
 
 from __future__ import annotations

@@ -13,21 +13,83 @@ worker, keeps the version, and hands new weights to the policy kind's ``WeightBa
 - ``openai`` (an external server): it cannot be given a checkpoint; a trainer that updates
   the server itself calls ``update_weights(version=...)`` so turns record the new version.
 
+A checkpoint path is checked before anything pauses (``checked_weights_path``): absolute,
+resolved (symlinks and ``..``) under one of the run's ``training.weights_roots`` (by default
+the output folder and the system temp folder), existing and readable by the engine's
+process; otherwise ``WeightsPathError`` names the path and the rule, and the version stays.
+
 ``WeightUpdateError`` is re-exported here, where training loops have always caught it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from rayrollout.client.models import MAX_VERSION
 from rayrollout.data.config import RunConfig
+from rayrollout.errors import InputError
 from rayrollout.policy.gate import PAUSE_MODES, PauseMode
 from rayrollout.policy.kinds import WeightBackend, WeightUpdateError, policy_kind
 
-__all__ = ["WeightSync", "WeightUpdateError"]
+__all__ = [
+    "WeightSync",
+    "WeightUpdateError",
+    "WeightsPathError",
+    "checked_weights_path",
+    "weights_roots",
+]
+
+
+class WeightsPathError(InputError, ValueError):
+    """A checkpoint path ``update_weights`` refuses: the policy was not paused or touched."""
+
+
+def weights_roots(config: RunConfig) -> list[Path]:
+    """The folders checkpoints may lie under, resolved: the config's ``weights_roots``, or
+    the run's output folder and the system temp folder."""
+    roots = config.training.weights_roots
+    if roots is None:
+        roots = [config.output.dir, tempfile.gettempdir()]
+    return [Path(os.path.realpath(root)) for root in roots]
+
+
+def checked_weights_path(path: str, config: RunConfig) -> str:
+    """``path`` resolved, once it is absolute, under an allowed root, existing and readable.
+
+    Raises:
+        WeightsPathError: the path, and which rule it breaks.
+    """
+    if not Path(path).is_absolute():
+        raise WeightsPathError(
+            f"weights path must be absolute (the policy replicas read it from their own "
+            f"processes and nodes): got {path!r}"
+        )
+    resolved = Path(os.path.realpath(path))
+    roots = weights_roots(config)
+    if not any(resolved.is_relative_to(root) for root in roots):
+        shown = f"{path!r}" + (f" (resolved: {str(resolved)!r})" if str(resolved) != path else "")
+        raise WeightsPathError(
+            f"weights path {shown} is outside the folders this run loads checkpoints from "
+            f"({', '.join(str(r) for r in roots)}): save the checkpoint under one of them, or "
+            "add its folder to the config's training.weights_roots"
+        )
+    if not resolved.exists():
+        raise WeightsPathError(
+            f"weights path {path!r} does not exist on the engine's node: save the checkpoint "
+            "first, on storage the engine and the policy replicas both see"
+        )
+    wanted = os.R_OK | (os.X_OK if resolved.is_dir() else 0)
+    if not os.access(resolved, wanted):
+        raise WeightsPathError(
+            f"weights path {path!r} is not readable by the engine's process (user "
+            f"{os.getuid()}): give it read permission"
+        )
+    return str(resolved)
 
 
 class WeightSync:
@@ -102,17 +164,21 @@ class WeightSync:
 
         Pauses around the update when not paused already (then resumes); after an explicit
         ``pause()`` it stays paused until ``resume()``.
+
+        Raises:
+            WeightsPathError: ``path`` is relative, outside ``training.weights_roots``,
+                missing or unreadable (checked before the policy pauses).
+            ValueError: ``version`` does not grow.
         """
         new_version = self.version + 1 if version is None else version
         if new_version <= self.version:
             raise ValueError(
                 f"version must grow: the policy is at version {self.version}, got {new_version}"
             )
-        if path is not None and not Path(path).is_absolute():
-            raise ValueError(
-                f"weights path must be absolute (the policy replicas read it from their own "
-                f"processes and nodes): got {path!r}"
-            )
+        if new_version > MAX_VERSION:
+            raise ValueError(f"version {new_version} is over the highest, 2**53 ({MAX_VERSION})")
+        if path is not None:  # checked before anything pauses: a refusal changes nothing
+            path = await asyncio.to_thread(checked_weights_path, path, self.config)
         async with self.lock:
             was_paused = self.paused
             if not was_paused:

@@ -1,11 +1,8 @@
 """Worker actors: async Ray actors that each play hundreds of episodes at once.
 
-The engine sends a worker chunks of episodes (one Ray call per chunk, not per episode); the
-worker plays every episode of a chunk concurrently on its event loop, each with the agent
-(episode loop) its task names, and streams finished ones back as Arrow batches ready for the
-writer (see ``chunks``). Agents and environments are resolved lazily: an agent is built once
-per worker, inline environments are imported into the worker, Serve-hosted ones are reached
-through cached deployment handles.
+A worker takes chunks of episodes (one Ray call per chunk), plays each with the agent its
+task names, and streams finished ones back as Arrow batches (``chunks``). Agents are built
+once per worker; Serve-hosted environments are reached through cached handles.
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ from pydantic import SecretStr
 from rayrollout.agent import Agent
 from rayrollout.agent.episode import GatewayOpener
 from rayrollout.agent.gateway import Gateway
-from rayrollout.agent.registry import agent_spec
+from rayrollout.agent.registry import agent_spec, resolve_agent
 from rayrollout.data.config import RunConfig
 from rayrollout.engine.chunks import ChunkRows
 from rayrollout.engine.episode import EpisodeSpec, failed_trajectory, run_episode
@@ -183,7 +180,12 @@ class WorkerRunner:
         replica died under it or the policy moved on more than ``max_staleness`` versions,
         up to ``_EPISODE_ATTEMPTS`` times. Only the last try is kept. Each try holds
         ``slot`` (when given) while its agent plays."""
-        played_by = self.config.agent_of(spec.task.agent)
+        try:
+            declares: type[Environment] | None = self._env_class(spec.task.environment)
+        except Exception:  # unknown env: its episode fails below, naming it
+            declares = None
+        # The row's agent, the run's, the environment's own default, then tool_loop.
+        played_by = resolve_agent(spec.task, self.config.agent, declares)
         try:
             agent = self._agent(played_by)
         except Exception as exc:  # unknown agent, args that do not fit: the episode fails
@@ -232,9 +234,9 @@ class WorkerRunner:
         one row per episode, failures included. ``policy_state`` (version, paused) is the
         engine's, for a worker that restarted.
 
-        A chunk's slow episode no longer holds the finished ones back: with episode times as
+        A chunk's slow episode does not hold the finished ones back: with episode times as
         uneven as RL rollouts' (a long tool call, a model that talks for ten turns), waiting
-        for a whole chunk left most of its slots idle. Episodes finishing within
+        for a whole chunk would leave most of its slots idle. Episodes finishing within
         ``linger_s`` of each other go back together, so a burst costs one Ray message.
         """
         if policy_state is not None:

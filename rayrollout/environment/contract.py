@@ -39,6 +39,7 @@ from typing import Any, ClassVar, Literal, TypeVar, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
+from rayrollout.data.config import EpisodeConfig
 from rayrollout.data.images import data_url, image_bytes
 from rayrollout.data.schema import ContentPart, Message, Task, ToolCall
 from rayrollout.environment.tool_args import ToolCallRejected, parse_arguments, unknown_tool
@@ -51,6 +52,8 @@ __all__ = [
     "ToolError",
     "ToolResult",
     "Verification",
+    "episode_limits",
+    "own_turn_limit",
     "tool",
     "tool_result",
 ]
@@ -219,11 +222,21 @@ class Environment:
             replicas (CPU-heavy or isolated tools).
         needs_vision: True when its tasks can only be solved by a model that sees images;
             ``rayrollout demo``, whose scripted policy does not, leaves it out and says so.
+        default_agent: The agent that plays its tasks when neither the task row (``agent``)
+            nor the run (the config's ``agent:``, ``--agent``) names one; None: the built-in
+            ``tool_loop``. Reset/step sources name ``reset_step``, so naming the environment
+            is enough to play it (``agent_for`` may choose per task).
+        max_turns: Its own limit on the model calls of an episode (a game's turn limit),
+            used instead of the run's default ``episode.max_turns`` unless the config sets
+            that key itself; None: no limit of its own (``turn_limit`` may answer per
+            episode).
     """
 
     name: ClassVar[str] = ""
     default_hosting: ClassVar[Hosting] = "inline"
     needs_vision: ClassVar[bool] = False
+    default_agent: ClassVar[str | None] = None
+    max_turns: ClassVar[int | None] = None
     _tool_specs: ClassVar[dict[str, _ToolSpec]]
 
     def __init__(self, task: Task) -> None:
@@ -271,6 +284,48 @@ class Environment:
         return None
 
     @classmethod
+    def agent_for(cls, task: Task) -> str | None:
+        """The agent that plays ``task`` when neither the row nor the run names one: the
+        class's ``default_agent``. Override it when the choice depends on the row (a field
+        naming the agent the environment's own framework would run).
+
+        The whole order is ``rayrollout.agent.registry.resolve_agent``'s: the row's
+        ``agent``, the run's, this answer, then ``tool_loop``.
+        """
+        return cls.default_agent
+
+    def turn_limit(self) -> int | None:
+        """This episode's own limit on model calls, asked once ``setup`` has run (a game
+        made by id knows its limit only then): the class's ``max_turns`` unless a subclass
+        reads it from what it made. None: the run's ``episode.max_turns`` applies."""
+        return type(self).max_turns
+
+    @classmethod
+    def config_problem(cls, args: dict[str, Any]) -> str | None:
+        """What is wrong with the config's ``args`` for this environment, found before the
+        run without playing it, as one line naming the fix (a class that cannot be
+        imported, a URL that does not answer, an id the source does not know); None when
+        nothing is (the default).
+
+        ``collect`` asks it once per environment name before anything starts (after
+        ``unavailable_reason``) and stops with the line (exit 2). It should answer within a
+        second or so; a probe over the network keeps to a short timeout.
+        """
+        return None
+
+    @classmethod
+    def task_problem(cls, task: Task, args: dict[str, Any]) -> str | None:
+        """What makes ``task`` unplayable by this environment with ``args``, found before
+        its episodes start, as one line naming the fix (the row names an id the source does
+        not know); None when nothing does (the default).
+
+        ``collect`` asks it of every row it reads (so it must be cheap: a lookup, not a
+        probe), and stops the run at the first row with a problem, naming how many rows
+        share it.
+        """
+        return None
+
+    @classmethod
     def is_stateful(cls) -> bool:
         """Whether episodes need one instance kept alive between calls (setup/close defined)."""
         return cls.setup is not Environment.setup or cls.close is not Environment.close
@@ -289,3 +344,43 @@ class Environment:
         except ToolError as exc:
             return ToolResult(content=f"Error: {exc}", is_error=True)
         return tool_result(value)
+
+
+def own_turn_limit(session: object) -> int | None:
+    """The environment's own turn limit for one episode's session (``Environment.turn_limit``),
+    or None where it declares none or the session cannot say.
+
+    A session kind that speaks to a server answers it itself (a ``turn_limit()`` method of
+    its own); an inline session asks its environment instance; a session whose instance
+    lives elsewhere (a Serve replica) has none to ask.
+    """
+    ask = getattr(session, "turn_limit", None)
+    if not callable(ask):
+        ask = getattr(getattr(session, "env", None), "turn_limit", None)
+    if not callable(ask):
+        return None
+    limit = ask()
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        return None
+    return limit
+
+
+def episode_limits(limits: EpisodeConfig, session: object) -> EpisodeConfig:
+    """The limits one episode plays under: the run's ``limits``, with the environment's own
+    turn limit (``own_turn_limit``) as ``max_turns`` unless the config sets ``max_turns``
+    itself (a key it gives wins; only the default gives way). The engine asks once the
+    session is set up; an agent may ask again where the limit is known later (the
+    ``reset_step`` agent, after reset: a game that draws its size there), since the answer
+    still counts ``max_turns`` as not set by the config.
+
+    Example: a GEM game of 10 guesses, in a run whose config leaves ``episode.max_turns``
+    at its default of 8, plays its 10 turns; with ``episode: {max_turns: 4}`` it plays 4.
+    """
+    if "max_turns" in limits.model_fields_set:
+        return limits
+    own = own_turn_limit(session)
+    if own is None or own == limits.max_turns:
+        return limits
+    # Constructed, not copied with an update: a copy would count max_turns as set.
+    values = {**dict(limits), "max_turns": own}
+    return EpisodeConfig.model_construct(_fields_set=set(limits.model_fields_set), **values)

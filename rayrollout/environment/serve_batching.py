@@ -1,16 +1,8 @@
 """Coalescing calls to a stateless Serve-hosted environment: many episodes, one handle call.
 
-A Serve deployment-handle call costs about 1 ms of caller CPU here, more than a typical
-tool. With a stateless environment every call carries its task, so calls of different
-episodes can share a request: the worker queues them, and everything queued in the same turn
-of its event loop goes out as one ``batch`` call, which the replica runs concurrently. No
-call waits on a timer: a lone call leaves at once; under load, episodes that resume
-together (their model answers arrived together) share one call. At most ``max_in_flight``
-batches are outstanding per deployment; calls made meanwhile wait for the next batch, so
-the busier the worker, the bigger the batches.
-
-Stateful environments are not batched: each episode's calls must reach the replica that
-holds its state (consistent-hash routing on the episode id).
+A handle call costs more caller CPU than a typical tool, so a worker sends what its episodes
+queue in one turn of its event loop as one ``batch`` call, never waiting on a timer; with at
+most ``max_in_flight`` outstanding, batches grow under load. Stateful calls are not batched.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """The Serve side of hosting: ``EnvironmentServer`` replicas and the application around them.
 
-A replica hosts one environment (an ``EnvironmentSpec``: its name, class and ``args``) and
-answers ``ServeSession``'s handle calls (``sessions``): stateless calls build an instance
-per call from the task; stateful episodes keep theirs in a ``SessionStore`` keyed by episode
-id, pinned to one replica by Serve's consistent-hash router.
-
-The same app answers NeMo Gym's resources-server protocol over HTTP (``POST
-/seed_session``, ``/<tool>``, ``/verify``, ``/close_session``; ``nemo_gym.routes``), so a
-NeMo Gym agent or any HTTP client can use a rayrollout environment. An HTTP episode is
-keyed by a session cookie (or an ``x-session-id`` header); the replica that takes the
-request forwards it through a handle with that key as ``session_id``, so with several
-replicas every call of one HTTP episode still reaches the replica holding its state.
+A replica hosts one environment and answers ``ServeSession``'s handle calls: stateless calls
+build an instance per call, stateful episodes keep theirs in a ``SessionStore`` on one
+replica (consistent-hash routing). The same app speaks NeMo Gym's protocol over HTTP.
 """
 
 from __future__ import annotations

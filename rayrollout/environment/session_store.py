@@ -1,11 +1,8 @@
 """Per-episode environment state on a Serve replica, released when a session goes idle.
 
-A stateful episode's state lives on one replica from ``open`` to ``close``. Not every client
-closes: a NeMo Gym agent may stop after a tool call, and a worker actor killed mid-episode
-re-runs its episodes under new ids. Without expiry their state would stay until the replica
-restarts, so a long-lived environment app would grow without bound. A session with no call
-for ``idle_timeout_s`` is closed here (``Environment.close`` runs, as on a normal end); one
-with a call in flight is never expired, however long the call takes.
+Not every client closes (a NeMo Gym agent may stop mid-episode, a killed worker retries under
+new ids), so a session with no call for ``idle_timeout_s`` is closed here, as on a normal
+end; one with a call in flight never expires.
 """
 
 from __future__ import annotations

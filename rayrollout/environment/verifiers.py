@@ -2,8 +2,9 @@
 
 A verifiers (Prime Intellect) environment is its own loop and its own judge, so it is run by
 the ``verifiers`` agent (``agents/verifiers.py``: the environment's ``rollout`` against the
-episode's recording gateway, its rubric's score as the reward). This class gives such rows an
-environment to name and ``rayrollout env list`` a line for the source. It offers no tools.
+episode's recording gateway, its rubric's score as the reward), this class's
+``default_agent``: a row naming the environment needs no ``agent``. This class gives such
+rows an environment to name and ``rayrollout env list`` a line for the source. It offers no tools.
 Its verifier, asked only when the agent did not give the verdict itself (an episode that ran
 out of ``max_turns``, or a row played by another agent), scores the transcript with the same
 environment's rubric: the task's prompt as verifiers' ``prompt``, the rest as ``completion``.
@@ -38,13 +39,16 @@ class VerifiersEnvironment(Environment):
 
     name = "verifiers"
     source = "verifiers"
+    default_agent = "verifiers"  # the environment plays its own rollout
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
         if importlib.util.find_spec("verifiers") is None:
             return (
-                "verifiers is not installed: pip install 'rayrollout[verifiers]' (its pins hold "
-                "websockets below 17: give it its own venv, as .ci/verifiers does)"
+                "verifiers is not installed: pip install 'rayrollout[verifiers]' into a venv of "
+                "its own (python3 -m venv .venv-verifiers && .venv-verifiers/bin/pip install "
+                "'rayrollout[verifiers]'): its pins hold websockets below 17, under the openenv "
+                "extra's"
             )
         return None
 

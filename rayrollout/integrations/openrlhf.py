@@ -44,8 +44,10 @@ try:
     from openrlhf.utils.agent import AgentExecutorBase
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "rayrollout.integrations.openrlhf needs OpenRLHF: pip install --no-deps openrlhf==0.11.2 "
-        "(and what it needs to import: see docs/how-to/trainers.md)"
+        "rayrollout.integrations.openrlhf needs OpenRLHF: pip install openrlhf==0.11.2; where "
+        "its flash-attn and deepspeed do not build (no CUDA): pip install --no-deps "
+        "openrlhf==0.11.2, then pip install torch==2.13.0 pylatexenc numpy transformers==5.15.0 "
+        "aiohttp 'ray[default]==2.55.0'"
     ) from exc
 
 __all__ = ["AgentExecutor", "RayrolloutExecutor", "TooManyFailuresError", "action_output"]

@@ -1,16 +1,8 @@
 """One trajectory as one token sequence, the shape every trainer trains on.
 
-The engine records each model call as a turn: the ids the model saw (``prompt_token_ids``),
-the ids it sampled and their logprobs. When a call extends the previous one (the agent kept
-the whole history), its prompt is the previous prompt, the previous completion, then the new
-environment tokens (tool results, a user's reply). Laid end to end this is one sequence: the
-first prompt, then for each turn the environment tokens the model did not sample (mask 0,
-logprob 0.0) and the completion it did (mask 1, its logprobs). Ids are taken as the engine
-recorded them, never re-tokenized.
-
-An episode that failed, or whose turns do not chain into one sequence (an agent that rewrote
-the history, ids that do not extend, a policy that returned no logprobs), is flagged with
-``failed`` and ``error``; its mask is all 0, so a trainer that keeps it learns nothing from it.
+Turns that extend each other lay end to end: the first prompt, then per turn the environment
+tokens (mask 0) and the sampled completion (mask 1, its logprobs), as the engine recorded
+them, never re-tokenized. A failed or unchainable episode is flagged, its mask all 0.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """SkyRL's generator, played by rayrollout: ``RayrolloutGenerator`` is a SkyRL
 ``GeneratorInterface`` whose ``generate`` is one rayrollout batch over HTTP.
 
-SkyRL hands its generator a batch already repeated ``n_samples_per_prompt`` times, with a
-``TrajectoryID(instance_id, repetition_id)`` per entry. The generator submits each instance
-once with ``n`` samples (a GRPO group), waits for the rows, and answers SkyRL's
-``GeneratorOutput`` in the input's order: the engine's token ids unchanged, a loss mask that
-is 1 exactly on policy tokens, logprobs aligned with it, the episode's reward. A failed
-episode keeps its place (SkyRL needs one output per input) with a mask of zeros, the stop
-reason ``"error"``, and a count in ``rollout_metrics``; ``last_failures`` holds the details,
-and more than ``max_failed_fraction`` of a batch failing raises.
-
-Weights: push the trainer's checkpoint with ``client.update_weights(path)`` after SkyRL
-saves it (``docs/how-to/trainers.md``).
+Each instance goes once with ``n`` samples (a GRPO group); the answer keeps SkyRL's order,
+the engine's token ids and a policy-token mask. A failed episode keeps its place with a mask
+of zeros; more than ``max_failed_fraction`` failing raises.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """Policy calls over the OpenAI protocol (Chat Completions or the Responses API).
 
-One ``PolicyClient`` per worker actor shares one connection pool across all its episodes.
-Chat Completions and ``/completions`` (token ids) go through ``policy_http`` (aiohttp and
-orjson, the ``openai`` client's retry rules: profiled, its typed layers cost more CPU than
-the HTTP itself); the Responses API goes through the ``openai`` client. Either retries 429,
-5xx, timeouts and connection errors with backoff; an answer that is not a usable completion
-(garbage JSON) is retried here with the same limit. A call that succeeded after failed tries
-records them on its turn (``Turn.retries``, ``Turn.retry_errors``; not for the Responses API,
-whose retries happen inside the ``openai`` client): in token-ids mode a retry sends the same
-kept ids, so a vLLM replica that died mid-call costs that one call, not the episode. What is
-left after the retries becomes ``PolicyError`` or ``PolicyTimeout``, which the episode
-records as its status. The API key is read from the environment and never appears in errors.
+One ``PolicyClient`` per worker shares one connection pool; Chat Completions and token-id
+``/completions`` go through ``policy.http``, the Responses API through ``openai``. Retries are
+recorded on the turn; what is left becomes ``PolicyError`` or ``PolicyTimeout``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """JSON over HTTP to the policy server, with the retries an OpenAI-protocol client makes.
 
-Chat Completions and ``/completions`` are the engine's hot path: two or more calls per
-episode, hundreds of episodes in flight per worker. The ``openai`` client builds, sends and
-parses each request through several layers of typed models; profiled in a worker at 256
-episodes in flight, those layers were over a third of the worker's CPU, more than the HTTP
-itself. Here a request is one ``orjson`` encode, one aiohttp POST and one decode, with the
-same retry rules the ``openai`` client applies: 408, 409, 429 and 5xx answers, timeouts and
-connection errors are retried with exponential backoff (a server's ``retry-after-ms`` or
-``retry-after`` header, up to a minute, wins over the computed delay). Each failed try can be
-reported to the caller (``failed``), which records them on the turn: a vLLM replica that died
-mid-call answers 500 through Serve's ingress, and the retry reaches a healthy one.
+The hot path skips the ``openai`` client, whose typed layers cost a worker over a third of
+its CPU: one ``orjson`` encode, one aiohttp POST, one decode, with ``openai``'s retry rules
+(408, 409, 429, 5xx, timeouts, ``retry-after``); each failed try can be reported (``failed``).
 """
 
 from __future__ import annotations

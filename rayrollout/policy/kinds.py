@@ -1,16 +1,10 @@
-"""Policy kinds: how each ``policy.kind`` is brought up and how it takes new weights.
+"""Policy kinds: how each ``policy.kind`` is brought up, what settings it takes and how it
+takes new weights.
 
-A kind is a ``PolicyKind``: the Serve application it deploys (none for an external server)
-and its ``WeightBackend`` (what pause, resume and a checkpoint load mean for it). Kinds are
-found the way environments are: by name, through the ``rayrollout.policies`` entry-point
-group, each spec living with its deployment (``rayrollout.deployments.scripted.kind``,
-``rayrollout.deployments.vllm.kind``; pyproject.toml registers them). So the engine imports
-no deployment by name, and a package can add a kind without touching rayrollout. The one
-built-in kind is ``openai``: an external server, nothing to deploy.
-
-A name registered twice with different targets is an error naming both. Finding,
-refusing duplicates and importing are ``rayrollout.plugins``' (shared with environments and
-agents); what is kind-specific stays here: the target must be a ``PolicyKind``.
+A kind is a ``PolicyKind`` found by name through the ``rayrollout.policies`` entry points
+(``rayrollout.plugins``), so a kind is one folder plus one entry point. It owns the
+``policy:`` keys beside the common ones (its ``settings_model``; ``check_policy``). The one
+built-in kind is ``openai``: an external server, nothing to deploy, no settings.
 
 Example:
     >>> policy_kind("openai").build_app is None
@@ -19,13 +13,16 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rayrollout.auth import RouteAuth
-from rayrollout.data.config import RunConfig
+from rayrollout.data.config import ConfigError, PolicyConfig, RunConfig
 from rayrollout.errors import InputError, PolicyBoundaryError
 from rayrollout.plugins import PluginGroup
 from rayrollout.policy.gate import PauseMode
@@ -37,10 +34,13 @@ __all__ = [
     "EXTERNAL",
     "POLICY_KINDS",
     "FixedWeights",
+    "NoSettings",
     "PolicyKind",
     "UnknownPolicyKindError",
     "WeightBackend",
     "WeightUpdateError",
+    "check_policy",
+    "kind_settings",
     "policy_kind",
     "policy_kinds",
 ]
@@ -83,9 +83,19 @@ class OwnServer:
     start: Callable[[], Callable[[], None]]
 
 
+class NoSettings(BaseModel):
+    """The settings of a kind that takes none of its own (``openai``): any key beside the
+    common ones is refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+S = TypeVar("S", bound=BaseModel)
+
+
 @dataclass(frozen=True)
 class PolicyKind:
-    """One policy kind: what to deploy for it and how it takes new weights."""
+    """One policy kind: what to deploy for it, what it takes, how it takes new weights."""
 
     name: str
     """The ``policy.kind`` value that picks it."""
@@ -108,6 +118,17 @@ class PolicyKind:
     already up there (deployed by another run, or by hand) instead of deploying one: the
     run deploys nothing, yet weight updates still go through ``weight_backend`` (vLLM's
     control routes), with the policy key."""
+    settings_model: type[BaseModel] = NoSettings
+    """The kind's own ``policy:`` keys, beside the common ones, as a pydantic model with
+    ``extra="forbid"`` (a typo is refused by name); ``kind_settings`` reads them typed."""
+    check: Callable[[RunConfig, Any], None] | None = None
+    """The kind's cross-field checks, given the run's config and the kind's settings (an
+    instance of ``settings_model``): raises ``ValueError`` naming a config that cannot work,
+    before anything starts."""
+    driver_bound: Callable[[RunConfig], str | None] | None = None
+    """Why this config's policy ends with the driver that starts it (a server the kind starts
+    outside Serve), so an engine that outlives its driver (``rayrollout up``) cannot use
+    it; None when it does not."""
 
     def deploys(self, config: RunConfig) -> bool:
         """Whether the run deploys its policy on Serve (its routes then take the run's
@@ -164,12 +185,72 @@ def policy_kinds() -> dict[str, str]:
 
 
 def policy_kind(name: str) -> PolicyKind:
-    """The policy kind ``name``; raises ``UnknownPolicyKindError`` listing the known ones."""
-    target = POLICY_KINDS.resolve(name).target
+    """The policy kind ``name``; raises ``UnknownPolicyKindError`` listing the known ones
+    and the nearest name."""
+    try:
+        target = POLICY_KINDS.resolve(name).target
+    except UnknownPolicyKindError as exc:
+        near = difflib.get_close_matches(name, list(POLICY_KINDS.registered()), n=1)
+        if not near:
+            raise
+        said = str(exc).replace(f"'{name}'.", f"'{name}' (did you mean '{near[0]}'?).", 1)
+        raise UnknownPolicyKindError(said) from None
     kind = POLICY_KINDS.load(target, name)
     if not isinstance(kind, PolicyKind):
         raise UnknownPolicyKindError(
             f"policy kind '{name}' = '{target}' is a {type(kind).__name__}, not a "
             "rayrollout.policy.kinds.PolicyKind"
         )
+    return kind
+
+
+def kind_settings(config: RunConfig, model: type[S]) -> S:
+    """The kind's own settings in ``config.policy`` (the keys beside the common ones), as
+    ``model``.
+
+    Raises:
+        ConfigError: a setting the model refuses, named by its key (``policy.KEY``).
+    """
+    policy = config.policy
+    try:
+        return model.model_validate(policy.settings)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            where = ".".join(["policy", *map(str, error["loc"])])
+            message = error["msg"]
+            if error["type"] == "extra_forbidden" and len(error["loc"]) == 1:
+                message = _not_a_setting(policy.kind, str(error["loc"][0]), model)
+            problems.append(f"{where}: {message}")
+        raise ConfigError("invalid config: " + "; ".join(problems)) from None
+
+
+def _not_a_setting(kind: str, key: str, model: type[BaseModel]) -> str:
+    """Why ``key`` is refused: neither a common policy key nor one of the kind's."""
+    known = sorted({*PolicyConfig.model_fields, *model.model_fields})
+    near = difflib.get_close_matches(key, known, n=1)
+    own = ", ".join(sorted(model.model_fields)) or "none"
+    hint = f" Did you mean '{near[0]}'?" if near else ""
+    return (
+        f"not a setting of policy kind '{kind}' (its own settings: {own}; the common ones: "
+        f"docs/reference/config.md).{hint}"
+    )
+
+
+def check_policy(config: RunConfig) -> PolicyKind:
+    """Check ``config.policy`` against its kind, before anything starts: the kind is
+    registered, its settings validate, its cross-field checks pass. Returns the kind.
+
+    Raises:
+        UnknownPolicyKindError: ``policy.kind`` names no registered kind (the known ones and
+            the nearest are named).
+        ConfigError: a setting of the kind is wrong, or the kind's check refuses the section.
+    """
+    kind = policy_kind(config.policy.kind)
+    settings = kind_settings(config, kind.settings_model)
+    if kind.check is not None:
+        try:
+            kind.check(config, settings)
+        except ValueError as exc:
+            raise ConfigError(f"invalid config: policy: {exc}") from None
     return kind

@@ -1,17 +1,21 @@
-"""Every example dataset in NeMo Gym 0.7.0's wheel, read by rayrollout's task reader.
+"""Every example dataset in NeMo Gym 0.7.0's wheel, read by ``collect``'s reading path.
 
-Each ``resources_servers/*/data/example.jsonl`` must be read whole, or refused whole, each
-row with an ``InvalidTaskError`` that names the NeMo Gym feature rayrollout does not run.
-Which datasets are refused, and why, is pinned below: a new kind of failure fails the test,
-and so does a known refusal in a dataset that used to be read. Read rows are also checked
-for the invariant that the rest of rayrollout relies on: ``task.fields`` is the row, every
-key verbatim, which is what goes back to the resources server's ``/seed_session``, and it
-comes back unchanged from a Parquet output file.
+Each ``resources_servers/*/data/example.jsonl`` goes through ``plan_collect`` (the command
+line's path: the rows checked, ids claimed unique, ``skip_invalid`` keeping what is refused)
+and must be read whole, or refused whole, each row with an ``InvalidTaskError`` that names
+the NeMo Gym feature rayrollout does not run. Which datasets are refused, and why, is pinned
+below: a new kind of failure fails the test, and so does a known refusal in a dataset that
+used to be read. Read rows are also checked for what the rest of rayrollout relies on:
+``task.fields`` is the row, every key verbatim, which is what goes back to the resources
+server's ``/seed_session``, and it comes back unchanged from a Parquet output file; rows
+whose opening NeMo Gym's agent writes are the ``nemo_gym`` agent's; identical lines are
+separate tasks with distinct ids, the same ones each time the file is read.
 """
 
 from __future__ import annotations
 
 import collections
+import json
 from pathlib import Path
 from typing import Any
 
@@ -19,45 +23,43 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from trajectories import unplayed
 
+from rayrollout.api.collect import plan_collect
+from rayrollout.data.config import RunConfig
 from rayrollout.data.responses import seed_body
 from rayrollout.data.schema import Trajectory, trajectory_arrow_schema
-from rayrollout.data.tasks import UNSUPPORTED, InvalidTaskError, iter_task_rows, parse_task_row
+from rayrollout.data.tasks import UNSUPPORTED, InvalidTaskError, iter_task_rows
 
 # The features rayrollout refuses, as each refusal names them after "UNSUPPORTED: ".
-RUN_TIME_FIRST_OBSERVATION = "a first observation made at run time"
-USERSIM = "NeMo UserSim's simulated user"
 AUDIO = "audio input"
 
 # Every dataset of 0.7.0 that is refused, and the one reason all its rows are refused for.
-REFUSED = {
-    # aviary, toolsandbox and terminal_bench_4 are read: their /seed_session answers the
-    # first observation (test_nemo_gym_seeded.py).
-    # An agent harness writes the prompt from the row's other fields.
-    "gdpval": RUN_TIME_FIRST_OBSERVATION,
-    "scicode": RUN_TIME_FIRST_OBSERVATION,
-    "legal_agent_bench": RUN_TIME_FIRST_OBSERVATION,
-    "nemo_user_sim": USERSIM,
-    "asr_with_pc": AUDIO,
-}
+# aviary, toolsandbox and terminal_bench_4 are read: their /seed_session answers the first
+# observation (test_nemo_gym_seeded.py). gdpval, scicode and legal_agent_bench (an agent
+# harness writes the prompt) and nemo_user_sim (a simulated user opens the conversation)
+# are read as tasks of the nemo_gym agent. multichallenge repeats a line byte for byte.
+REFUSED = {"asr_with_pc": AUDIO}
 DATASETS = 145
+AGENT_WRITTEN = {"gdpval", "scicode", "legal_agent_bench", "nemo_user_sim"}
 
 
 def read_dataset(path: Path) -> tuple[list[tuple[dict[str, Any], Any]], list[InvalidTaskError]]:
-    """Every row of one file: ``(row, task)`` pairs read, and the errors of the others."""
-    read, refused = [], []
-    for line, row, _ in iter_task_rows(path):
-        if isinstance(row, InvalidTaskError):
-            refused.append(row)
-            continue
-        try:
-            task = parse_task_row(
-                row, default_environment="nemo_gym", source=path.parent.parent.name, line=line
-            )
-        except InvalidTaskError as exc:
-            refused.append(exc)
-        else:
-            read.append((row, task))
-    return read, refused
+    """Every row of one file through collect's reading path: ``(row, task)`` pairs read, in
+    order, and the errors of the others."""
+    config = RunConfig.model_validate(
+        {
+            "environment": "ng",
+            "environments": {"ng": {"url": "http://127.0.0.1:9"}},  # never asked: no probe
+            "skip_invalid": True,
+            "output": {"dir": str(path.parent / "never-written")},
+        }
+    )
+    plan = plan_collect(path, config)
+    tasks = list(plan.tasks)
+    refused = [reject for reject, _ in plan.rejects]
+    lines = {exc.line for exc in refused}
+    rows = [row for line, row, _ in iter_task_rows(path) if line not in lines]
+    assert len(rows) == len(tasks), f"{path}: {len(rows)} rows, {len(tasks)} tasks"
+    return list(zip(rows, tasks, strict=True)), refused
 
 
 def feature_of(error: InvalidTaskError) -> str | None:
@@ -89,6 +91,14 @@ def test_every_example_dataset_is_read_or_refused_for_a_named_feature(ng_src, tm
                 f"{name}: {len(read)} rows read, {len(refused)} refused; first error: {refused[0]}"
             )
             continue
+        ids = [task.task_id for _, task in read]
+        if len(set(ids)) != len(ids):
+            problems.append(f"{name}: task ids repeat: {ids}")
+        if ids != [task.task_id for _, task in read_dataset(path)[0]]:
+            problems.append(f"{name}: task ids differ when the file is read again")
+        written = {task.agent for _, task in read if task.opening == "agent"}
+        if name in AGENT_WRITTEN and (written != {"nemo_gym"} or len(read) == 0):
+            problems.append(f"{name}: not every row is the nemo_gym agent's: {written}")
         for row, task in read:
             rows_read += 1
             flat = "resolved_row" not in row and "task_input" not in row
@@ -107,6 +117,15 @@ def test_every_example_dataset_is_read_or_refused_for_a_named_feature(ng_src, tm
     assert not problems, "\n".join(problems)
     refused = {name: o.removeprefix("refused: ") for name, o in outcomes.items() if o != "read"}
     assert refused == REFUSED
+    assert counts["read"] >= DATASETS - 1
+    # multichallenge repeats its third line twice, byte for byte: three tasks, as NeMo Gym
+    # plays them, the copies numbered by their occurrence.
+    path = ng_src / "resources_servers" / "multichallenge" / "data" / "example.jsonl"
+    lines = path.read_bytes().splitlines()
+    assert lines[2] == lines[3] == lines[4]
+    ids = [task.task_id for _, task in read_dataset(path)[0]]
+    assert ids == ["1", "2", "3", "3#1", "3#2"]
+    assert json.loads(lines[4])["task_id"] == 3
 
     # task.fields reaches a Parquet output file and comes back as it went in.
     table = pa.Table.from_pylist(

@@ -6,7 +6,8 @@ reads ``<action>hit|stand</action>`` from the model's Responses answer; +1 win, 
 loss or bust; no ``/seed_session``), started by its own ``ng_run``. Its deals are random, so
 each episode's reward is checked against the server's own account of the hand (its final
 step's ``info``), not against a fixed number. The scripted policy plays the actions a row
-scripts (``[[replies=...]]``), the ``reset_step`` agent steps them.
+scripts (``[[replies=...]]``), the ``reset_step`` agent steps them: the rows' ``agent_ref``
+(``blackjack_gymnasium_agent``) picks it, with no ``--agent``.
 
 example_multi_turn_gymnasium is deterministic (scripted follow-ups, 1 when the last answer
 holds the expected text), so the same rows and scripted replies are also played by NeMo
@@ -89,20 +90,42 @@ def _collect(
         ["collect", str(tasks), "--env", "blackjack", "--env-url", f"blackjack={url}",
          "--out", str(out), "--config", str(config), *flags],
     )  # fmt: skip
-    assert result.exit_code == exit_code, result.output
+    assert result.exit_code == exit_code, f"{result.output}\n{result.exception!r}"
     return pd.read_parquet(out)
+
+
+def test_nemo_gyms_own_blackjack_rows_play_with_no_agent_flag(
+    blackjack: tuple, ng_src: Path, serve_session: int, tmp_path: Path
+) -> None:
+    # example.jsonl as NeMo Gym ships it: five copies of "Deal me in.", each naming
+    # agent_ref blackjack_gymnasium_agent, which the reset_step agent plays.
+    url, run = blackjack
+    example = ng_src / "resources_servers" / "blackjack" / "data" / "example.jsonl"
+    resets_before = len(_codes(run, "reset"))
+    frame = _collect(tmp_path, example, url, serve_session)
+    rows = [line for line in example.read_text().splitlines() if line.strip()]
+    print(f"\nblackjack example.jsonl, no --agent: {frame['status'].value_counts().to_dict()}, "
+          f"rewards {sorted(frame['reward'].tolist())}")  # fmt: skip
+    assert len(frame) == len(rows) == 5 and frame["task_id"].nunique() == 5
+    assert (frame["status"] == "ok").all(), frame["error"].tolist()
+    assert (frame["played_by"] == "reset_step").all()
+    assert set(frame["reward"]) <= {-1.0, 0.0, 1.0}
+    for _, row in frame.iterrows():
+        info = json.loads(row["verification"])["info"]
+        assert row["reward"] == REWARD_OF[info["result"]], info
+    assert len(_codes(run, "reset")) - resets_before == 5
 
 
 def test_collect_plays_nemo_gyms_blackjack_by_reset_and_step(
     blackjack: tuple, ng_src: Path, serve_session: int, tmp_path: Path
 ) -> None:
     url, run = blackjack
-    frame = _collect(
-        tmp_path, _rows(ng_src, tmp_path / "bj.jsonl"), url, serve_session, "--agent", "reset_step"
-    )
+    resets_before, steps_before = len(_codes(run, "reset")), len(_codes(run, "step"))
+    frame = _collect(tmp_path, _rows(ng_src, tmp_path / "bj.jsonl"), url, serve_session)
 
     assert len(frame) == len(SCRIPTS)
     assert (frame["status"] == "ok").all(), frame["error"].tolist()
+    assert (frame["played_by"] == "reset_step").all()  # the rows' agent_ref: no --agent
     assert frame["close_error"].isna().all(), frame["close_error"].tolist()
     steps_total = 0
     for _, row in frame.iterrows():
@@ -124,8 +147,8 @@ def test_collect_plays_nemo_gyms_blackjack_by_reset_and_step(
     # The server's own access log: no /seed_session (that is how the kind was found), one
     # reset per episode and every step answered.
     assert _codes(run, "seed_session").count("404") >= len(SCRIPTS)
-    assert _codes(run, "reset") == ["200"] * len(SCRIPTS)
-    assert _codes(run, "step") == ["200"] * steps_total
+    assert _codes(run, "reset")[resets_before:] == ["200"] * len(SCRIPTS)
+    assert _codes(run, "step")[steps_before:] == ["200"] * steps_total
 
 
 def test_another_agent_on_a_gymnasium_server_fails_saying_which_agent_plays_it(
@@ -133,7 +156,8 @@ def test_another_agent_on_a_gymnasium_server_fails_saying_which_agent_plays_it(
 ) -> None:
     url, _ = blackjack
     tasks = _rows(ng_src, tmp_path / "bj.jsonl")
-    frame = _collect(tmp_path, tasks, url, serve_session, exit_code=3)  # 3: every episode failed
+    # The user's --agent wins over the rows' agent_ref; 3: every episode failed.
+    frame = _collect(tmp_path, tasks, url, serve_session, "--agent", "tool_loop", exit_code=3)
     assert (frame["status"] == "error").all()
     for error in frame["error"]:
         assert "Gymnasium-style" in error and "reset_step" in error, error
@@ -211,8 +235,8 @@ def test_the_same_rows_and_replies_score_as_nemo_gyms_own_gymnasium_agent(
             timeout=600,
         )
         assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-3000:]
-        ours = _collect(tmp_path, tasks, f"http://127.0.0.1:{port}", serve_session,
-                        "--agent", "reset_step")  # fmt: skip
+        # No --agent: the rows' agent_ref names a gymnasium_agent, which reset_step plays.
+        ours = _collect(tmp_path, tasks, f"http://127.0.0.1:{port}", serve_session)
     finally:
         run.stop()
     theirs = [json.loads(line) for line in output.read_text().splitlines() if line.strip()]

@@ -4,10 +4,11 @@ the client acknowledged; and the registry of batches by id.
 Each finished row gets the next cursor of its batch (0, 1, 2, ...) and is kept, framed as a
 stream line, until the client acknowledges a cursor past it; a stream read from cursor ``k``
 sends rows ``k, k+1, ...`` as they come, so a client that reconnects from the cursor after its
-last row loses and repeats nothing. The rows kept plus the samples running never exceed the
-config's ``max_buffered_rows`` for a batch: ``room`` is what the feeder may still send. A row
-whose ``(task_id, sample_index)`` the batch has already seen is dropped (the engine answers
-each sample once; this is the boundary's own guarantee).
+last row loses and repeats nothing. An acknowledgement reaches at most the rows a stream has
+handed out (``streamed``): a row nobody read is never freed. The rows kept plus the samples
+running never exceed the config's ``max_buffered_rows`` for a batch: ``room`` is what the
+feeder may still send. A row whose ``(task_id, sample_index)`` the batch has already seen is
+dropped (the engine answers each sample once; this is the boundary's own guarantee).
 
 Every row goes to the batch's journal (``journal``) before any stream sees it, so a batch
 whose engine died keeps its rows and cursors: ``revive`` runs only the samples without a row
@@ -27,7 +28,7 @@ from collections import deque
 from typing import Any
 
 from rayrollout.api.service.journal import BatchJournal
-from rayrollout.client.models import Limits, RowError
+from rayrollout.client.models import BatchStatus, Limits, RowError
 from rayrollout.engine.episode import EpisodeSpec
 from rayrollout.engine.streaming import StreamedRow
 from rayrollout.errors import InputError
@@ -70,6 +71,7 @@ class Batch:
         self.sent = 0
         self.finished = 0
         self.acknowledged = 0
+        self.streamed = 0  # cursor past the last row a stream handed out (or a client named)
         self.lines: deque[bytes] = deque()  # rows from cursor ``acknowledged`` on, framed
         self.keys: set[tuple[str, int]] = set()
         self.error: str | None = None
@@ -136,6 +138,7 @@ class Batch:
         their cursors, and only the samples without a row will run."""
         self.keys = set(keys)
         self.finished, self.acknowledged = len(lines), acked
+        self.streamed = max(self.streamed, acked)
         self.lines = deque(lines[acked:])
         self.unsent = self.missing()
         self.sent = self.finished
@@ -155,6 +158,10 @@ class Batch:
             self._notify()
         self._settle()
 
+    def reached(self, cursor: int) -> None:
+        """A stream handed out the rows below ``cursor`` (or a client said it holds them)."""
+        self.streamed = max(self.streamed, min(cursor, self.finished))
+
     def lines_from(self, cursor: int) -> list[bytes]:
         """The framed rows from ``cursor`` on that have finished so far."""
         if cursor < self.acknowledged:
@@ -163,6 +170,8 @@ class Batch:
                 "which the client already acknowledged (those rows are freed): resume from "
                 f"{self.acknowledged} or later"
             )
+        if cursor >= self.finished:  # none yet (islice takes no start past sys.maxsize)
+            return []
         return list(itertools.islice(self.lines, cursor - self.acknowledged, None))
 
     async def changed(self, timeout_s: float) -> None:
@@ -189,21 +198,23 @@ class Batch:
             self.journal = None
 
     def status(self, created: bool = False) -> dict[str, Any]:
-        return {
-            "batch_id": self.batch_id,
-            "created": created,
-            "tasks": self.tasks,
-            "n": self.n,
-            "samples": self.samples,
-            "finished": self.finished,
-            "acknowledged": self.acknowledged,
-            "running": self.sent - self.finished,
-            "done": self.done,
-            "error": self.error,
-            "engine_gone": self.engine_gone,
-            "rejected": [r.model_dump() for r in self.rejected],
-            "limits": self.limits.model_dump(),
-        }
+        """The batch as the wire's ``BatchStatus``."""
+        status = BatchStatus(
+            batch_id=self.batch_id,
+            created=created,
+            tasks=self.tasks,
+            n=self.n,
+            samples=self.samples,
+            finished=self.finished,
+            acknowledged=self.acknowledged,
+            running=self.sent - self.finished,
+            done=self.done,
+            error=self.error,
+            engine_gone=self.engine_gone,
+            rejected=self.rejected,
+            limits=self.limits,
+        )
+        return status.model_dump(mode="json")
 
 
 class BatchRegistry:

@@ -29,9 +29,12 @@ from rayrollout.api.service.engine_link import EngineLink, HttpError, died, engi
 from rayrollout.api.service.journal import BatchJournal, JournalState, journal_root
 from rayrollout.api.service.submit_rows import RowChecker
 from rayrollout.client.models import (
+    AckRequest,
+    DeleteAnswer,
     Limits,
     PauseRequest,
     RowError,
+    ServiceInfo,
     SubmitRequest,
     WeightsRequest,
 )
@@ -282,32 +285,45 @@ class RolloutService:
         return batch
 
     def acknowledge(self, batch_id: str, body: Any) -> dict[str, Any]:
+        """Free the rows below the body's cursor; refused (409, nothing freed) past the
+        rows streamed so far: rows nobody read are never dropped."""
+        try:
+            request = AckRequest.model_validate(body)
+        except ValidationError as exc:
+            raise _invalid(exc) from None
         batch = self.batch(batch_id)
-        cursor = body.get("cursor") if isinstance(body, dict) else None
-        if not isinstance(cursor, int) or isinstance(cursor, bool) or cursor < 0:
-            raise HttpError(400, "field 'cursor': a non-negative integer", field="cursor")
-        batch.acknowledge(cursor)
+        if request.cursor > batch.streamed:
+            raise HttpError(
+                409,
+                f"field 'cursor': {request.cursor} is past the {batch.streamed} rows batch "
+                f"{batch_id!r} has streamed so far ({batch.finished} finished): acknowledge "
+                "only rows you read (the last one's cursor + 1). Nothing was freed",
+                field="cursor",
+            )
+        batch.acknowledge(request.cursor)
         return batch.status()
 
     def delete(self, batch_id: str) -> dict[str, Any]:
         batch = self.batch(batch_id)
         self.registry.delete(batch)
-        return {"batch_id": batch_id, "deleted": True}
+        return DeleteAnswer(batch_id=batch_id, deleted=True).model_dump(mode="json")
 
     def open_stream(self, batch_id: str, cursor: int) -> AsyncIterator[bytes]:
         """The stream's lines from ``cursor`` (checked now, so a bad cursor is a 409 before
         the stream starts): the batch, then rows as they finish, then the end."""
         batch = self.batch(batch_id)
+        if cursor > batch.finished:
+            raise HttpError(
+                409,
+                f"query 'cursor': {cursor} of batch {batch_id!r} is past its {batch.finished} "
+                "finished rows: a cursor comes from a row this batch streamed (its cursor + 1)",
+                field="cursor",
+            )
         try:
             batch.lines_from(cursor)
         except CursorGoneError as exc:
             raise HttpError(409, str(exc)) from None
-        if cursor > batch.finished:
-            raise HttpError(
-                409,
-                f"cursor {cursor} of batch {batch_id!r} is past its {batch.finished} finished "
-                "rows: a cursor comes from a row this batch streamed (its cursor + 1)",
-            )
+        batch.reached(cursor)  # the client holds the rows below its cursor
         batch.acknowledge(cursor)
         return self._lines(batch, cursor)
 
@@ -321,6 +337,7 @@ class RolloutService:
                 cursor = batch.acknowledged
             if lines:
                 cursor += len(lines)
+                batch.reached(cursor)  # handed to the stream: the client may ack them now
                 yield b"".join(lines)
                 continue
             if batch.over and cursor >= batch.finished:
@@ -382,15 +399,16 @@ class RolloutService:
     async def info(self) -> dict[str, Any]:
         info = await self.call_engine("info")
         snapshot = await self.call_engine("stats_snapshot")
-        return {
-            "namespace": self.config.namespace,
-            "run_id": info.get("run_id"),
-            "output_dir": info["output_dir"],
-            "output_format": info["output_format"],
-            "policy_version": snapshot.policy.version,
-            "open_batches": self.registry.open_count(),
-            "limits": self.limits.model_dump(),
-        }
+        answer = ServiceInfo(
+            namespace=self.config.namespace,
+            run_id=info.get("run_id"),
+            output_dir=info["output_dir"],
+            output_format=info["output_format"],
+            policy_version=snapshot.policy.version,
+            open_batches=self.registry.open_count(),
+            limits=self.limits,
+        )
+        return answer.model_dump(mode="json")
 
     async def close(self) -> None:
         """Stop feeding; the journals stay, for a service started again with ``--resume``."""

@@ -1,12 +1,8 @@
 """The service's hold on the engine actor: found by name, and found again after it died.
 
-A detached engine can die under the service (killed, its node lost) and be started again by
-``rayrollout up --resume`` under the same name. The service keeps no handle it knows to be
-dead: a call that finds the actor gone drops the handle (``lost``), and the next call looks
-the name up again (``current``). A new engine is told, before any work, which sample
-indices the batches journaled in the output folder hold (``claim_samples``), so that a new
-batch never takes one of them. An engine call's failure becomes the HTTP answer it means
-(``engine_error``): 503 for an engine gone, 400 for what it refused, 500 otherwise.
+A call that finds the actor gone drops the handle; the next looks the name up again (an
+engine ``up --resume`` started anew), which is first told the sample indices journaled
+batches hold. An engine's failure becomes its HTTP answer: 503 gone, 400 refused, else 500.
 """
 
 from __future__ import annotations

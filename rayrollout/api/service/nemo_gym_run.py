@@ -1,14 +1,8 @@
 """NeMo Gym's agent-server call on the rollout service: ``POST /run``.
 
-NeMo Gym's rollout collection (``ng_collect_rollouts``) and the trainers built on it post a
-task row to an agent server's ``/run`` and read back the verify answer: the row's
-``responses_create_params``, the episode as a Responses-API ``response``, ``reward``, and
-the verifier's fields beside them. Here the episode is played by rayrollout's agents,
-environments and policy, through the engine's queue like any batch, and the answer is the
-row rayrollout's NeMo Gym export writes for it (``data.export.nemo_gym``) without the
-collector's own ``_ng_`` stamps, which the collector adds. An episode that failed (status
-``error`` or ``timeout``) answers 500 with NeMo Gym's failure fields: a failure is not a
-score of zero.
+NeMo Gym's collectors post a task row and read back the verify answer; here the episode goes
+through the engine's queue like any batch, and the answer is the row rayrollout's NeMo Gym
+export writes. A failed episode answers 500 with NeMo Gym's failure fields, not a zero.
 """
 
 from __future__ import annotations
@@ -37,6 +31,14 @@ async def run_nemo_gym(service: RolloutService, body: Any) -> tuple[int, dict[st
     except InvalidTaskError as exc:
         where = f"field '{exc.field}': " if exc.field else ""
         raise HttpError(400, f"{where}{exc.message}", field=exc.field) from None
+    if task.opening == "agent":  # this service is the agent server: nobody writes the prompt
+        raise HttpError(
+            400,
+            "field 'responses_create_params.input': empty, and /run plays a row from its own "
+            "prompt; a row whose prompt NeMo Gym's agent writes goes to that agent (or to "
+            "`rayrollout collect` with the nemo_gym agent)",
+            field="responses_create_params.input",
+        )
     field, problem = service.rows.names_problem(task)
     if problem is not None:
         raise HttpError(400, f"field '{field}': {problem}", field=field)

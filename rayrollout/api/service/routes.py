@@ -12,31 +12,39 @@ POST     /v1/pause, /v1/resume, /v1/weights   the training loop's calls
 GET      /v1/stats, /v1/info                  the engine's figures; the run and the limits
 POST     /run                                 NeMo Gym's agent-server call
 POST     /aggregate_metrics                   NeMo Gym's run figures of /run answers
+GET      /openapi.json                        these routes as OpenAPI 3.1 (``openapi``)
 =======  ===================================  ==============================================
 
 aiohttp rather than a Serve app: the service is one actor holding its batches, and aiohttp
 (the recording gateway's server too) streams a response with no proxy hop between the
 engine's rows and the client. Every route wants the run's bearer token, checked by the run's
 ``RouteAuth`` as on every other HTTP route of rayrollout; ``/run`` goes without only where
-the config says so (NeMo Gym's tools send none).
+the config says so (NeMo Gym's tools send none). A body is read by ``bodies`` (JSON, bounded
+in depth) before anything else touches it; an exception no route expected answers a JSON
+500 naming its type, and never a traceback.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 from aiohttp import web
 
+from rayrollout.api.service.bodies import parse_body, parse_cursor
 from rayrollout.api.service.core import HttpError, RolloutService
 from rayrollout.api.service.nemo_gym_run import run_nemo_gym
+from rayrollout.api.service.openapi import openapi
 from rayrollout.auth import RouteAuth
 from rayrollout.environment.nemo_gym.metrics import aggregate_metrics
 
 __all__ = ["build_app"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+log = logging.getLogger(__name__)
+_STREAMING = "rayrollout.streaming"  # set on a request once its streamed answer has begun
 
 
 def _json(payload: Any, status: int = 200) -> web.Response:
@@ -46,13 +54,7 @@ def _json(payload: Any, status: int = 200) -> web.Response:
 
 
 async def _body(request: web.Request) -> Any:
-    raw = await request.read()
-    if not raw.strip():
-        return {}
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise HttpError(400, f"the request body is not JSON: {exc}") from None
+    return parse_body(await request.read())
 
 
 def _gate(auth: RouteAuth, open_paths: frozenset[str]) -> Any:
@@ -75,6 +77,14 @@ def _gate(auth: RouteAuth, open_paths: frozenset[str]) -> Any:
             return await handler(request)
         except HttpError as exc:
             return _json(exc.body, exc.status)
+        except web.HTTPException:
+            raise  # aiohttp's own answers (413 for a body over max_body_mb, 404, 405)
+        except Exception as exc:  # a bug: said by its type, logged whole, never a traceback
+            if isinstance(exc, ConnectionError) or request.get(_STREAMING):
+                raise  # the client went away, or a stream was under way: aiohttp closes it
+            log.exception("%s %s failed", request.method, request.path)
+            detail = f"the service failed: {type(exc).__name__}: {exc}"[:500]
+            return _json({"detail": f"{detail} (the service's log has the rest)"}, 500)
 
     return gate
 
@@ -102,13 +112,12 @@ def build_app(service: RolloutService, auth: RouteAuth) -> web.Application:
         return _json(service.acknowledge(request.match_info["batch_id"], await _body(request)))
 
     async def trajectories(request: web.Request) -> web.StreamResponse:
-        raw = request.query.get("cursor", "0")
-        if not raw.isdigit():
-            raise HttpError(400, f"query 'cursor': a non-negative integer, got {raw!r}")
-        lines = service.open_stream(request.match_info["batch_id"], int(raw))
+        cursor = parse_cursor(request.query.get("cursor", "0"))
+        lines = service.open_stream(request.match_info["batch_id"], cursor)
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         response.enable_chunked_encoding()
         await response.prepare(request)
+        request[_STREAMING] = True
         async for chunk in lines:
             await response.write(chunk)  # waits while the client's socket is full
         await response.write_eof()
@@ -144,6 +153,11 @@ def build_app(service: RolloutService, auth: RouteAuth) -> web.Application:
             )
         return _json(aggregate_metrics(answers))
 
+    schema = openapi()
+
+    async def describe(request: web.Request) -> web.Response:
+        return _json(schema)
+
     one = "/v1/batches/{batch_id}"
     app.router.add_post("/v1/batches", submit)
     app.router.add_get(one, batch)
@@ -157,4 +171,5 @@ def build_app(service: RolloutService, auth: RouteAuth) -> web.Application:
     app.router.add_get("/v1/info", info)
     app.router.add_post("/run", run)
     app.router.add_post("/aggregate_metrics", aggregate)
+    app.router.add_get("/openapi.json", describe)
     return app

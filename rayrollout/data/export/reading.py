@@ -1,10 +1,8 @@
 """Reading a run's output folder for an export: rows part by part, and the first pass over
 a task's samples that DPO pairs and verl rows need.
 
-Rows come from ``RunFolder`` (both formats, older parts under the current schema), batch
-by batch, never the whole folder at once, and without the ``turns`` column (per-token ids
-and logprobs: most of a row's bytes, and no export needs them). A bad row is an
-``ExportError`` naming its file and line (or row) and field.
+Rows come from ``RunFolder`` batch by batch, without the ``turns`` column (most of a row's
+bytes, which no export needs); a bad row is an ``ExportError`` naming file, line and field.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""Writing an export: JSONL lines, or Parquet row groups with a fixed schema per kind (a
-schema inferred per batch could change between batches, e.g. 'tools' all null in one).
+"""Writing an export: JSONL lines, or Parquet row groups with a fixed schema per kind.
 
-An ``sft`` or ``dpo`` export whose rows show images gets one more column, ``images``: each
-row's images as ``datasets`` ``Image`` values (``{bytes, path}``), which the file's
-``huggingface`` metadata names, so ``datasets`` decodes them to Pillow images as TRL's vision
-collators take them. A text-only export has no such column (TRL treats any ``images``
-column as vision data). Whether a file needs it is known from its first rows: the writer
-opens the file at its first batch; a row with images arriving after rows were written
-without the column raises ``LateImages``, and the caller writes the export again with it.
-
-The caller writes to temporary files and renames them into place (``run.export_run``).
+An ``sft`` or ``dpo`` export whose rows show images gets an ``images`` column that
+``datasets`` decodes for TRL's vision collators; a text-only one has none. A row with images
+after rows written without it raises ``LateImages``, and the caller writes again with it.
 """
 
 from __future__ import annotations

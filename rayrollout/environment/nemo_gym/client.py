@@ -1,27 +1,10 @@
 """NeMo Gym's resources-server protocol: remote environments, and the episode in its shapes.
 
-A NeMo Gym resources server is an HTTP service with ``POST /seed_session`` (start an
-episode with the task row; the server sets a session cookie), ``POST /<tool_name>`` (one
-tool call, its JSON arguments as the body, the tool's output as the response), ``POST
-/verify`` (the whole task row plus the episode as a Responses-API ``response``, exactly what
-NeMo Gym's own agents send; answers with ``reward`` and whatever explains it), ``POST
-/close_session`` (0.7.0: ``{resources_session_id, episode_id}``) and ``POST
-/aggregate_metrics`` (run-level figures from the verify answers). This module speaks it in
-both directions:
-
-* ``RemoteSession`` is the third ``EnvSession`` kind (beside inline and Serve): an episode
-  played against a running resources server, so ``--env-url NAME=URL`` needs no change to
-  the episode loop. One ``NemoGymConnections`` per worker shares one connection pool; each
-  episode has its own cookie jar, so the server's per-episode session never leaks between
-  episodes. A server that answers ``/seed_session`` with 404 is taken for one of NeMo Gym's
-  Gymnasium-style servers (``/reset``, ``/step``): the session then plays it by reset and
-  step (``gymnasium.GymnasiumEpisode``, handed to the ``reset_step`` agent as ``env``).
-  A task whose ``opening`` is ``seed_session`` (a NeMo Gym row with an empty ``input`` and
-  its server's seed request: aviary, toolsandbox) takes its first observation from the
-  seed answer and is played by ``/step`` the same way (``seeded.SeededEpisode``).
-* The conversions between chat messages and Responses-API items live in
-  ``rayrollout.data.responses`` (task reading and export use them too); they are
-  re-exported here for the routes that answer the same protocol for our environments.
+``RemoteSession`` is the third ``EnvSession`` kind: an episode against a running resources
+server (``--env-url NAME=URL``; ``/seed_session``, ``/<tool>``, ``/verify``,
+``/close_session``), with a cookie jar per episode over one pool per worker. A server
+without ``/seed_session`` is played by reset and step (``gymnasium``), a seeded row by
+``seeded``; which agent plays a row follows from the row, as in NeMo Gym's own runs.
 """
 
 from __future__ import annotations
@@ -39,6 +22,7 @@ import orjson
 from rayrollout.auth import bearer_header, read_token_file
 from rayrollout.data.config import EnvironmentConfig
 from rayrollout.data.convert import json_or_text
+from rayrollout.data.nemo_gym_rows import agent_for_row
 from rayrollout.data.responses import (
     episode_response,
     items_to_messages,
@@ -94,6 +78,15 @@ class RemoteEnvironment(Environment):
     """
 
     name = "nemo_gym_remote"
+
+    @classmethod
+    def agent_for(cls, task: Task) -> str | None:
+        """The agent NeMo Gym's own run would play ``task`` with (``agent_for_row``): a row
+        opened by ``/seed_session`` or naming a ``gymnasium_agent`` in its ``agent_ref`` is
+        stepped by ``reset_step``, one whose opening NeMo Gym's agent writes is the
+        ``nemo_gym`` agent's, one naming a ``simple_agent`` the tool loop's. A row's own
+        ``agent`` and the run's ``--agent`` still come first (``resolve_agent``)."""
+        return agent_for_row(task)
 
     async def verify(self, episode: Episode) -> Verification:
         raise NotImplementedError("a remote environment is verified by its server's /verify")
@@ -233,6 +226,10 @@ class RemoteSession:
         )
 
     async def setup(self) -> None:
+        if self.task.opening == "agent":
+            # NeMo Gym's agent (or environment) server writes the opening and seeds its own
+            # session on its resources server: nothing of this episode is opened here.
+            return
         where = f"NeMo Gym server '{self.name}' at {self.base_url}"
         seeded = self.task.opening == "seed_session"
         if seeded and opens_sandbox(self.task):
@@ -292,6 +289,15 @@ class RemoteSession:
         return ToolResult(content=content)
 
     async def verify(self, episode: Episode) -> Verification:
+        if self.task.opening == "agent":
+            # Only the agent server's /run answer scores it: it alone holds what its own
+            # verify needs (scicode's collected code), so this session has nothing to send.
+            raise NemoGymError(
+                f"this task's opening and verdict are NeMo Gym's agent server's (the "
+                f"'nemo_gym' agent), and the episode ended before its /run answered; if it "
+                f"ended at max_turns, raise episode.max_turns to the model calls that agent "
+                f"makes (NeMo Gym server '{self.name}' was not asked)"
+            )
         if isinstance(self.env, SeededEpisode):  # /close, then /verify by env_id
             try:
                 return await self.env.verify(episode.messages)

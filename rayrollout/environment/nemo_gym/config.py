@@ -1,17 +1,8 @@
 """NeMo Gym config for a rayrollout environment, so NeMo Gym's own agents use it unchanged.
 
-NeMo Gym 0.7.0 knows a resources server only as a config block whose ``entrypoint`` its
-``ng_run`` starts from a folder ``resources_servers/<name>/`` under one of its search roots
-(``NEMO_GYM_EXTRA_ROOTS``, the working directory, its install). rayrollout ships such a
-folder (``server/resources_servers/rayrollout_env``, whose ``app.py`` runs
-``rayrollout env serve``), so the user writes no placeholder: they add
-``nemo_gym_root()`` to ``NEMO_GYM_EXTRA_ROOTS`` and paste the block
-``resources_server_block`` makes (``rayrollout env nemo-gym-config`` prints both).
-
-The other way round, NeMo Gym's rollout collection driving rayrollout's rollout service
-(``POST /run``, started by ``rayrollout up``) as its agent server, needs an agent block for
-the same reason: ``server/responses_api_agents/rayrollout_service`` relays ``/run`` and
-``/aggregate_metrics`` to the service's URL, and ``service_agent_block`` writes its block.
+``ng_run`` starts a resources server only from a folder under its search roots, so
+rayrollout ships one (``nemo_gym_root()``) and writes its block (``resources_server_block``);
+``service_agent_block`` does the same for the relay of ``/run`` to the rollout service.
 """
 
 from __future__ import annotations

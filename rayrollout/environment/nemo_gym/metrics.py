@@ -1,17 +1,8 @@
 """``POST /aggregate_metrics``: run-level figures from verify answers, in NeMo Gym's naming.
 
-NeMo Gym's ``ng_collect_rollouts`` posts every verify answer of a run to the resources
-server's ``/aggregate_metrics`` when the rollouts are done and writes what comes back beside
-them; it fails the whole collection when the route is missing. The answer has three parts
-(NeMo Gym 0.7.0's ``AggregateMetrics``): ``agent_metrics`` over all rollouts,
-``group_level_metrics`` one dict per task (``_ng_task_index``), and ``key_metrics``, the
-headline subset. Names follow NeMo Gym's ``<stat>/<field>`` form (``mean/reward``,
-``std/reward``...), so a dashboard built on NeMo Gym's own servers reads ours unchanged.
-
-Every numeric top-level field of the answers is summarized (``reward`` and whatever the
-environment's verifier adds, booleans as 0/1); NeMo Gym's own index fields (``_ng_*``) are
-keys, not measurements. Answers whose ``mask_sample`` is true (the environment, not the
-policy, failed) are counted but left out of the statistics.
+``ng_collect_rollouts`` needs the route; the answer has NeMo Gym's three parts (agent,
+group-level and key metrics) named ``<stat>/<field>``, so NeMo Gym's dashboards read it
+unchanged. Masked samples are counted but left out of the statistics.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """The NeMo Gym resources-server protocol as HTTP routes of an environment's Serve app.
 
-``EnvironmentServer`` (``server.py``) mixes in ``NemoGymRoutes`` and is the ingress of
-``http_app``, so each environment app answers ``POST /seed_session``, ``/<tool>``,
-``/verify``, ``/close_session``, ``/aggregate_metrics`` (and ``GET /`` describing its tools)
-beside its deployment-handle methods. ``/seed_session`` and ``/close_session`` take both
-forms NeMo Gym 0.7.0 sends: an agent's (the task row; the session is the cookie) and an
-environment server's (``{resources_session_id, episode_id, task_id, task_data}``; the
-session is that id). An HTTP episode is keyed by a session cookie (or an
-``x-session-id`` header); the replica that takes a request forwards it through a handle
-with that key as ``session_id``, so with several replicas every call of one HTTP episode
-reaches the replica holding its state. ``/verify`` scores a Responses-API episode (its items
-read back as chat messages) and ends the session, since NeMo Gym agents may never call
-``/close_session``.
+``/seed_session``, ``/<tool>``, ``/verify``, ``/close_session`` and ``/aggregate_metrics``,
+in both forms NeMo Gym sends. An HTTP episode is keyed by a session cookie, forwarded by
+handle to the replica holding its state; ``/verify`` ends the session.
 """
 
 # No `from __future__ import annotations` here: FastAPI reads the route signatures' types,

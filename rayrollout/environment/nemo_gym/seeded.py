@@ -1,37 +1,11 @@
 """NeMo Gym rows opened by the server: the first observation from ``/seed_session``.
 
-Some of NeMo Gym's resources servers hold a live environment per episode and start it in
-``/seed_session``: the row carries only the seed request (``task_idx``), and the answer
-carries the episode's opening. aviary and toolsandbox answer in one shape:
-
-* ``POST /seed_session`` with the row answers ``{env_id, obs, tools}``: ``obs`` the first
-  observation as Responses-API input messages (``{role, content}``; toolsandbox's system
-  prompt and its simulated user's first turn, aviary's environment's reset), ``tools``
-  Responses-API function tools; toolsandbox adds the ``scenario`` it started;
-* ``POST /step`` with ``{env_id, ...}`` and the model's function calls answers ``{obs,
-  reward, done}``, ``obs`` now holding ``function_call_output`` items (the tools' answers)
-  and messages (a simulated user's reply). aviary reads the calls from ``action``,
-  toolsandbox from ``function_calls`` beside the reply's ``text``; each ignores the
-  other's keys, so both are sent;
-* ``POST /close`` with ``{env_id}`` releases the environment (toolsandbox scores the
-  episode there), then ``POST /verify`` with the row and a ``response`` naming the
-  ``env_id`` answers the reward the server kept.
-
-``SeededEpisode`` is that loop as a ``ResetStepSession``: the ``reset_step`` agent plays it,
-putting the observation into the conversation exactly as the server wrote it (each ``obs``
-message a message of its role, before the first model call, so its tokens are the
-environment's, never the policy's). What it does with a reply follows NeMo Gym's own
-harnesses: its function calls are one step; a reply without any is sent to ``/step`` as
-``text`` (``toolsandbox_agent``: the simulated user answers it), except where the row's
-``agent_ref`` names an aviary agent, whose harness ends the episode there
-(``aviary_agent``'s ``done_if_no_tool_calls``). The episode's reward is ``/verify``'s; the
-step rewards are kept beside it.
-
-A seed answer without ``obs`` opens nothing rayrollout can play, and its episode ends
-``error`` naming what it held (``seed_refusal``). terminal_bench_4's rows are refused before
-seeding (``opens_sandbox``): their seed provisions a Docker task sandbox
-(``sandbox_descriptor``, ``instruction``) that NeMo Gym's sandboxed agent harnesses drive by
-running the model's commands inside it, which rayrollout does not do.
+aviary and toolsandbox start a live environment per episode in ``/seed_session``, answering
+``{env_id, obs, tools}``; ``/step`` takes the model's function calls (or its text, for a
+simulated user) and answers ``{obs, reward, done}``; ``/close`` then ``/verify`` give the
+reward. ``SeededEpisode`` is that loop as a ``ResetStepSession`` for the ``reset_step`` agent,
+the observation put into the conversation exactly as the server wrote it. A seed without
+``obs`` ends the episode ``error``; rows whose seed opens a Docker sandbox are refused.
 """
 
 from __future__ import annotations

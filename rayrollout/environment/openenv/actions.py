@@ -1,15 +1,8 @@
 """Between the model's chat and OpenEnv's actions and observations.
 
-Two kinds of environment, told apart by their action schema:
-
-* **MCP tools** (an ``MCPEnvironment``, served with OpenEnv's ``CallToolAction``): its
-  tools (``ListToolsAction``'s answer) are offered to the model as function tools; each of
-  the reply's tool calls is one ``CallToolAction`` step, answered as a tool message (the
-  tool's text, or its error).
-* **Typed actions** (a pydantic ``Action`` with fields of its own): the reply's text is
-  the action, one JSON object matching the action schema (a fenced ```json block too);
-  the observation's fields are the next user message (a lone text field as it is, else
-  the fields as JSON).
+**MCP tools** environments offer their tools as function tools, each tool call one
+``CallToolAction`` step. **Typed actions** environments take the reply's text as one JSON
+action; the observation's fields are the next user message.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """The channel to one OpenEnv environment instance: reset, step, close, and its action schema.
 
-OpenEnv (the ``openenv`` package) answers every reset and step with the same payload
-(``serialize_observation``): ``{observation: {...fields}, reward, done, metadata}``. An
-episode reaches its instance one of two ways, both behind ``OpenEnvChannel``: a WebSocket
-session on a server OpenEnv's own FastAPI app serves (``socket``), or the environment class
-made in this process (``inline``). The episode (``episode``) does not know which.
-
-Two failures are told apart: ``OpenEnvError`` (the environment or its server failed, or the
-session was lost: the episode ends ``error`` naming it) and ``ActionRejected`` (the action
-did not validate against the environment's action class: the model's mistake, which the
-model reads and may fix; nothing was stepped).
+Behind ``OpenEnvChannel``, a WebSocket session on OpenEnv's server (``socket``) or the class
+in this process (``inline``). ``OpenEnvError``: the environment failed (the episode ends
+``error``); ``ActionRejected``: the model's action did not validate, and the model reads why.
 """
 
 from __future__ import annotations

@@ -5,7 +5,13 @@ WebSocket session) or by class (``env_class``: the environment made in the worke
 server is needed). Either way one episode is one environment instance, played by the
 ``reset_step`` agent (``episode.OpenEnvEpisode``): opened in ``setup``, closed in ``close``
 (failed episodes included); a session lost mid-episode ends the episode ``error`` naming
-it. A row may carry ``seed`` and ``reset_kwargs`` (the reset's other arguments).
+it. A row may carry ``seed`` and ``reset_kwargs`` (the reset's other arguments). It is the
+``reset_step`` agent's by default (``default_agent``): naming the environment is enough.
+
+Before a run (``config_problem``) the args are checked as far as can be without playing: by
+URL, one ``GET /schema`` must answer with an action schema within a few seconds; by class,
+``openenv`` must be installed and the class (and ``action_class``) importable here and an
+OpenEnv ``Environment`` (a mistyped name is answered with the nearest names its module has).
 
 Config (a server by URL, and a class in the workers)::
 
@@ -26,6 +32,7 @@ from typing import Any
 from rayrollout.data.schema import Message, Task
 from rayrollout.environment.contract import Environment, Episode, Verification
 from rayrollout.environment.openenv.channel import OpenEnvChannel, OpenEnvError
+from rayrollout.environment.openenv.checks import PROBE_TIMEOUT_S, class_problem, server_problem
 from rayrollout.environment.openenv.episode import OpenEnvEpisode
 from rayrollout.environment.openenv.inline import InlineChannel
 from rayrollout.environment.openenv.socket import SocketChannel
@@ -34,6 +41,8 @@ from rayrollout.environment.reset_step.protocol import Opening, StepResult
 __all__ = ["OpenEnvEnvironment"]
 
 INSTALL = "pip install 'rayrollout[openenv]'"
+_ENVIRONMENT_BASE = "openenv.core.env_server.interfaces:Environment"
+_ACTION_BASE = "openenv.core.env_server.types:Action"
 
 
 class OpenEnvEnvironment(Environment):
@@ -42,6 +51,7 @@ class OpenEnvEnvironment(Environment):
     name = "openenv"
     source = "OpenEnv"
     default_hosting = "inline"  # the agent steps it from the worker (a client, or the class)
+    default_agent = "reset_step"
 
     def __init__(
         self,
@@ -91,6 +101,29 @@ class OpenEnvEnvironment(Environment):
         args say (this is asked of the class), so each episode's ``setup`` names the extra
         when it is missing."""
         return None
+
+    @classmethod
+    def config_problem(cls, args: dict[str, Any]) -> str | None:
+        """The args name one server that answers as OpenEnv's, or one class that imports
+        (see the module's docstring); None when they do."""
+        url, env_class = args.get("url"), args.get("env_class")
+        if (url is None) == (env_class is None):
+            return (
+                "OpenEnv environment: give exactly one of 'url' (a server running OpenEnv's "
+                "app) and 'env_class' (the class, made in the worker) in environments.NAME.args"
+            )
+        if url is not None:
+            return server_problem(str(url), PROBE_TIMEOUT_S)
+        if importlib.util.find_spec("openenv") is None:
+            return (
+                f"OpenEnv environment {env_class}: the 'openenv' package is not installed; "
+                f"{INSTALL}"
+            )
+        problem = class_problem(str(env_class), "env_class", _ENVIRONMENT_BASE)
+        action = args.get("action_class")
+        if problem is None and action is not None:
+            problem = class_problem(str(action), "action_class", _ACTION_BASE)
+        return problem
 
     def _channel(self) -> OpenEnvChannel:
         if self.url is not None:

@@ -9,7 +9,10 @@ each observation after a step is the next user message.
 
 The id is the row's ``env_id``, else the ``env_id`` argument; the seed the row's ``seed``,
 else the ``seed`` argument (every sample of a row, a GRPO group, then plays the same game;
-without one each sample draws its own). ``env_kwargs`` go to ``gem.make``.
+without one each sample draws its own). ``env_kwargs`` go to ``gem.make``. Before a run, every
+row's id is looked up in GEM's registry and its seed checked, so a mistyped id stops the run
+with the nearest registered ids. An episode plays to the game's own turn limit (its
+``max_turns``, read once it is reset) unless the config sets ``episode.max_turns``.
 
 GEM seeds Python's and NumPy's global random generators in ``reset`` and draws from them
 (``gem.utils.seeding``), so ``make`` and ``reset`` hold one lock per process: two episodes
@@ -23,6 +26,7 @@ installs beside rayrollout but not beside its ``dev`` or ``reasoning-gym`` extra
 from __future__ import annotations
 
 import threading
+from collections.abc import Collection
 from typing import Any
 
 from rayrollout.data.schema import Message, Task
@@ -59,33 +63,32 @@ class GemEnvironment(ResetStepEnvironment):
             env_kwargs: Keyword arguments of ``gem.make`` (a game's size, its turn limit).
         """
         super().__init__(task)
-        row_id = task.fields.get("env_id")
-        self.env_id = str(row_id) if row_id is not None else env_id or ""
+        self.env_id = self.id_of(task, {"env_id": env_id})
         self.seed: Any = task.fields.get("seed", seed)
         self.env_kwargs = dict(env_kwargs or {})
         self.env: Any = None
 
+    @classmethod
+    def known_ids(cls) -> Collection[str] | None:
+        # Importing gem registers its ids (gem/envs/__init__.py), the registry's parent too.
+        from gem.envs.registration import ENV_REGISTRY
+
+        return ENV_REGISTRY.keys()
+
+    @classmethod
+    def task_problem(cls, task: Task, args: dict[str, Any]) -> str | None:
+        """The row's id is registered and its seed is one GEM takes."""
+        problem = super().task_problem(task, args)
+        if problem is None:
+            problem = _seed_problem(task.fields.get("seed", args.get("seed")))
+        return problem
+
     def make(self) -> None:
         import gem
 
-        if not self.env_id:
-            raise ResetStepError(
-                "GEM environment: no id; give the row an 'env_id' field or set "
-                "environments.NAME.args.env_id"
-            )
-        seed = self.seed
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise ResetStepError(
-                f"{self.where()}: the seed must be a whole number >= 0 (GEM's own rule), got "
-                f"{seed!r}"
-            )
-        from gem.envs.registration import ENV_REGISTRY
-
-        if self.env_id not in ENV_REGISTRY:
-            raise ResetStepError(
-                f"{self.where()} is not registered (GEM has {len(ENV_REGISTRY)} ids, e.g. "
-                f"{', '.join(sorted(ENV_REGISTRY)[:5])})"
-            )
+        problem = self.id_problem(self.env_id) or _seed_problem(self.seed)
+        if problem is not None:
+            raise ResetStepError(problem)
         with _GLOBAL_RANDOM:
             self.env = gem.make(self.env_id, **self.env_kwargs)
 
@@ -109,6 +112,13 @@ class GemEnvironment(ResetStepEnvironment):
         close = getattr(self.env, "close", None)
         if callable(close):  # GEM's Env declares none; some of its environments add one
             close()
+
+
+def _seed_problem(seed: Any) -> str | None:
+    """Why ``seed`` is not a seed GEM takes (a whole number >= 0, or none), or None."""
+    if seed is None or (isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0):
+        return None
+    return f"GEM environment: the seed must be a whole number >= 0 (GEM's own rule), got {seed!r}"
 
 
 def _text(observation: Any) -> str:

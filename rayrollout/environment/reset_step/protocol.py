@@ -1,15 +1,8 @@
 """The reset/step session: what the ``reset_step`` agent needs of any source.
 
-One session serves one episode: ``reset`` opens it with the task's prompt and answers the
-conversation the model starts from; each ``step`` takes the model's reply as the action and
-answers the observation, the step's reward and whether the episode ended. The session is
-closed by whoever opened it (the engine, for an environment's ``close``), failed episodes
-included.
-
-The action is the whole assistant ``Message``: sources that read text (skyrl-gym, GEM) take
-its content; a source with typed actions or tools can read its tool calls or JSON instead,
-with no change to the agent. Observations are chat messages, so a source that answers tool
-outputs can answer them as tool messages.
+One session, one episode: ``reset`` answers the conversation the model starts from; each
+``step`` takes the whole assistant ``Message`` as the action (text, tool calls or JSON, as
+the source reads it) and answers the observation, the step's reward and whether it ended.
 """
 
 from __future__ import annotations

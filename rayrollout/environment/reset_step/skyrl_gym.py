@@ -7,10 +7,13 @@ metadata}``; ``close`` at the end. Tools are parsed from the reply's text by the
 (``<sql>``, ``<solution>``), so the model is offered no tools.
 
 The id is the row's ``env_class`` (the column SkyRL's datasets carry), else the
-``env_id`` argument (``environments.NAME.args.env_id``). ``extras`` are the row's other
-fields as the task holds them (``reward_spec``, ``extra_info``, ``db_id``, ...), and
-``env_config`` comes from the ``env_config`` argument (SkyRL's ``environment.skyrl_gym.<id>``
-settings, e.g. ``{db_path: ...}`` for text2sql), as the ``DictConfig`` skyrl-gym reads.
+``env_id`` argument (``environments.NAME.args.env_id``); before a run every row's id is
+looked up in skyrl-gym's registry, an unknown one named with the nearest registered ids.
+``extras`` are the row's other fields as the task holds them (``reward_spec``,
+``extra_info``, ``db_id``, ...), and ``env_config`` comes from the ``env_config`` argument
+(SkyRL's ``environment.skyrl_gym.<id>`` settings, e.g. ``{db_path: ...}`` for text2sql), as
+the ``DictConfig`` skyrl-gym reads. An episode plays to the environment's own turn limit (its
+``max_turns``) unless the config sets ``episode.max_turns``.
 
 skyrl-gym's ``done`` is one flag for both endings: an episode it ends is ``terminated``. A
 step's ``postprocessed_action`` (where a source trims the reply) is kept in the step's info;
@@ -21,6 +24,7 @@ Install: ``pip install 'rayrollout[skyrl-gym]'``.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from rayrollout.data.schema import Message, Task
@@ -37,6 +41,7 @@ class SkyrlGymEnvironment(ResetStepEnvironment):
     source = "skyrl-gym"
     module = "skyrl_gym"
     extra = "skyrl-gym"
+    id_field = "env_class"
 
     def __init__(
         self, task: Task, *, env_id: str | None = None, env_config: dict[str, Any] | None = None
@@ -48,23 +53,23 @@ class SkyrlGymEnvironment(ResetStepEnvironment):
             env_config: The environment's config (SkyRL's ``environment.skyrl_gym.<id>``).
         """
         super().__init__(task)
-        row_id = task.fields.get("env_class")
-        self.env_id = str(row_id) if row_id is not None else env_id or ""
+        self.env_id = self.id_of(task, {"env_id": env_id})
         self.env_config = dict(env_config or {})
         self.env: Any = None
+
+    @classmethod
+    def known_ids(cls) -> Collection[str] | None:
+        import skyrl_gym
+
+        return skyrl_gym.registry.keys()
 
     def make(self) -> None:
         import skyrl_gym
         from omegaconf import OmegaConf  # skyrl-gym's own dependency: its configs are these
 
-        if not self.env_id:
-            raise ResetStepError(
-                "skyrl-gym environment: no id; give the row an 'env_class' field (as SkyRL's "
-                "datasets do) or set environments.NAME.args.env_id"
-            )
-        if self.env_id not in skyrl_gym.registry:
-            known = ", ".join(sorted(skyrl_gym.registry))
-            raise ResetStepError(f"{self.where()} is not registered; skyrl-gym has: {known}")
+        problem = self.id_problem(self.env_id)
+        if problem is not None:
+            raise ResetStepError(problem)
         extras = {k: v for k, v in self.task.fields.items() if k != "env_class"}
         self.env = skyrl_gym.make(
             self.env_id, env_config=OmegaConf.create(self.env_config), extras=extras
