@@ -29,7 +29,7 @@ import json
 import sys
 import types
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -234,9 +234,14 @@ def config_fields(
 
 
 def _config_section(title: str, intro: str, model: type[BaseModel], prefix: str = "") -> list[str]:
-    lines = [f"## {title}\n", intro + "\n", "| key | type | default | what it does |"]
-    lines.append("| --- | --- | --- | --- |")
-    for path, info, nested in config_fields(model, prefix):
+    return [f"## {title}\n", intro + "\n", *_fields_table(config_fields(model, prefix))]
+
+
+def _fields_table(fields: Iterable[tuple[str, FieldInfo, type[BaseModel] | None]]) -> list[str]:
+    """A table of config keys, a row per field of ``config_fields``: its type, its default
+    and what it does (its description, else the first paragraph of the model it holds)."""
+    lines = ["| key | type | default | what it does |", "| --- | --- | --- | --- |"]
+    for path, info, nested in fields:
         description = info.description or (
             first_paragraph(nested.__doc__) if nested is not None else ""
         )
@@ -265,17 +270,7 @@ def _policy_kinds_section() -> list[str]:
         if not fields:
             lines.append(f"Kind `{name}` takes no settings of its own.\n")
             continue
-        lines += [f"Kind `{name}`:\n", "| key | type | default | what it does |"]
-        lines.append("| --- | --- | --- | --- |")
-        for path, info, nested in fields:
-            description = info.description or (
-                first_paragraph(nested.__doc__) if nested is not None else ""
-            )
-            lines.append(
-                f"| {code(path)} | {cell(_type_name(info.annotation))} | "
-                f"{_field_default(info)} | {cell(description)} |"
-            )
-        lines.append("")
+        lines += [f"Kind `{name}`:\n", *_fields_table(fields)]
     return lines
 
 

@@ -1,4 +1,4 @@
-"""The fenced code blocks of a docs page, as the docs tests read them.
+"""The fenced code blocks of a docs page, as the docs tests read, save and run them.
 
 A block is what a reader copies: ```` ```bash ````, ```` ```python ````, ```` ```yaml ````
 and so on, with an optional title (```` ```json title="tasks.jsonl" ````: a file the reader
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,3 +91,32 @@ def reader_environment() -> dict[str, str]:
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     return env
+
+
+def save_block(block: Block, folder: Path) -> Path:
+    """Write a titled block where the reader saves it: ``folder / block.title``."""
+    assert block.title is not None, "only a block with a title is a file to save"
+    target = folder / block.title
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(block.code, encoding="utf-8")
+    return target
+
+
+def run_block(block: Block, folder: Path, env: dict[str, str], where: str, timeout: float) -> bool:
+    """Run a ``bash`` block in bash or a ``python`` block in this Python, in ``folder``, and
+    fail naming ``where`` and the output's tail unless it exits 0. False, with nothing run,
+    for a block of any other language: the caller says what such a block lacks."""
+    if block.language == "bash":
+        command = ["bash", "-euo", "pipefail", "-c", block.code]
+    elif block.language == "python":
+        command = [sys.executable, "-c", block.code]
+    else:
+        return False
+    done = subprocess.run(
+        command, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, (
+        f"{where} exited {done.returncode}:\n{block.code}\n"
+        f"--- stdout ---\n{done.stdout[-3000:]}\n--- stderr ---\n{done.stderr[-3000:]}"
+    )
+    return True

@@ -126,3 +126,10 @@ class GreeterEnv(Environment):
     async def verify(self, episode: Episode) -> Verification:
         reward = 1.0 if episode.final_answer().startswith(self.greeting) else 0.0
         return Verification(reward=reward, details={"greeting": self.greeting})
+
+
+class NemoGymPlayedEnv(EchoEnv):
+    """Declares the ``nemo_gym`` agent as its default: a run that leaves the agent to it
+    must give that agent's settings (its ``url`` and ``gateway_port``)."""
+
+    default_agent = "nemo_gym"

@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 import yaml
-from docs_blocks import Block, blocks, reader_environment
+from docs_blocks import Block, blocks, reader_environment, run_block, save_block
 
 ROOT = Path(__file__).resolve().parents[1]
 HOW_TO = ROOT / "docs" / "how-to"
@@ -153,10 +153,7 @@ def play_page(path: Path, folder: Path) -> dict[str, int]:
             counts["skipped"] += 1
             continue
         if block.title is not None:
-            target = folder / block.title
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(block.code, encoding="utf-8")
-            check_file(target, where)
+            check_file(save_block(block, folder), where)
             counts["written"] += 1
             continue
         if block.language == "yaml":
@@ -169,22 +166,11 @@ def play_page(path: Path, folder: Path) -> dict[str, int]:
                     json.loads(line)
             counts["loaded"] += 1
             continue
-        if block.language == "bash":
-            command = ["bash", "-euo", "pipefail", "-c", block.code]
-        elif block.language == "python":
-            command = [sys.executable, "-c", block.code]
-        else:
+        if not run_block(block, folder, env, where, timeout=300):
             raise AssertionError(
                 f"{where}: a {block.language or 'plain'} block this test can neither run nor "
                 "load; give it a title, or a <!-- docs-test: skip (why) --> comment"
             )
-        done = subprocess.run(
-            command, cwd=folder, env=env, capture_output=True, text=True, timeout=300
-        )
-        assert done.returncode == 0, (
-            f"{where} exited {done.returncode}:\n{block.code}\n"
-            f"--- stdout ---\n{done.stdout[-3000:]}\n--- stderr ---\n{done.stderr[-3000:]}"
-        )
         counts["run"] += 1
     return counts
 
@@ -261,40 +247,17 @@ def test_python_m_rayrollout_is_the_rayrollout_command(tmp_path):
     script, answers as the ``rayrollout`` script does."""
     env = reader_environment()
     env["COLUMNS"] = "200"
-    by_module = subprocess.run(
-        [sys.executable, "-m", "rayrollout", "env", "list"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    script = Path(sys.executable).parent / "rayrollout"
-    by_script = subprocess.run(
-        [str(script), "env", "list"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+
+    def run(*command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        )
+
+    by_module = run(sys.executable, "-m", "rayrollout", "env", "list")
+    by_script = run(str(Path(sys.executable).parent / "rayrollout"), "env", "list")
     assert by_module.returncode == 0, by_module.stderr
     assert by_module.stdout == by_script.stdout and "weather" in by_module.stdout
-    usage = subprocess.run(
-        [sys.executable, "-m", "rayrollout", "--help"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    usage = run(sys.executable, "-m", "rayrollout", "--help")
     assert usage.returncode == 0 and "python -m rayrollout" in usage.stdout
-    wrong = subprocess.run(
-        [sys.executable, "-m", "rayrollout", "no-such-command"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    wrong = run(sys.executable, "-m", "rayrollout", "no-such-command")
     assert wrong.returncode == 2

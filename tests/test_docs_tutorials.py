@@ -14,13 +14,11 @@ and Serve as the reader's commands do, so Serve's default port must be free.
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from docs_blocks import blocks, reader_environment
+from docs_blocks import blocks, reader_environment, run_block, save_block
 
 ROOT = Path(__file__).resolve().parents[1]
 TUTORIALS = ROOT / "docs" / "tutorials"
@@ -42,26 +40,13 @@ def run_tutorial(path: Path, folder: Path) -> None:
         if block.skipped:
             continue
         if block.title is not None:
-            target = folder / block.title
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(block.code, encoding="utf-8")
+            save_block(block, folder)
             continue
-        if block.language == "bash":
-            command = ["bash", "-euo", "pipefail", "-c", block.code]
-        elif block.language == "python":
-            command = [sys.executable, "-c", block.code]
-        else:
+        if not run_block(block, folder, env, where, timeout=600):
             raise AssertionError(
                 f"{where}: a {block.language or 'plain'} block without a title is neither "
                 "run nor written; give it a title, or a docs-test skip comment"
             )
-        done = subprocess.run(
-            command, cwd=folder, env=env, capture_output=True, text=True, timeout=600
-        )
-        assert done.returncode == 0, (
-            f"{where} exited {done.returncode}:\n{block.code}\n"
-            f"--- stdout ---\n{done.stdout[-3000:]}\n--- stderr ---\n{done.stderr[-3000:]}"
-        )
 
 
 def test_the_block_reader_sees_titles_skips_and_languages():

@@ -6,11 +6,18 @@ one; ``environment`` and ``policy`` share a rank and do not import each other; t
 never names a plugin (``rayrollout.environments``, ``rayrollout.deployments``): it finds them
 through the registry. Imports inside functions count too: a lazy import up a layer is still
 a step back up.
+
+One job per module, and a long module says which: a module of the package or a plugin
+folder over ``LONG_MODULE_LINES`` lines (as ``wc -l`` counts) names its one job and why it
+is one in its docstring's first line, as ``<what it is>; one job: <why it is one>.``
+(``tests/test_layers.py`` checks the ``; one job: `` marker and a reason after it). A
+module that is two jobs is split instead.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import tomllib
@@ -176,3 +183,50 @@ def test_pip_install_puts_only_rayrollout_in_site_packages(tmp_path):
         check=True,
     ).stdout.split()
     assert all(line.startswith(str(target)) for line in shown), shown
+
+
+LONG_MODULE_LINES = 400
+ONE_JOB = re.compile(r"; one job: \S.{9,}")
+"""The first docstring line of a long module: ``<what>; one job: <a reason, 10+ chars>``."""
+
+
+def long_modules_without_a_reason(paths: list[Path]) -> list[str]:
+    """Each module of ``paths`` over ``LONG_MODULE_LINES`` lines whose docstring's first
+    line does not say why it is one job, with its line count and that first line."""
+    missing = []
+    for path in paths:
+        text = path.read_text()
+        lines = text.count("\n") + (not text.endswith("\n") and bool(text))
+        if lines <= LONG_MODULE_LINES:
+            continue
+        doc = ast.get_docstring(ast.parse(text)) or ""
+        first = doc.strip().splitlines()[0] if doc.strip() else ""
+        if not ONE_JOB.search(first):
+            missing.append(f"{path.relative_to(ROOT)} ({lines} lines): {first!r}")
+    return missing
+
+
+def test_every_module_over_400_lines_says_in_its_first_line_why_it_is_one_job():
+    modules = [
+        path
+        for folder in ("rayrollout", *PLUGINS)
+        for path in sorted((ROOT / folder).rglob("*.py"))
+    ]
+    long = [p for p in modules if p.read_text().count("\n") > LONG_MODULE_LINES]
+    print(f"\n{len(long)} of {len(modules)} modules over {LONG_MODULE_LINES} lines")
+    assert long_modules_without_a_reason(modules) == []
+
+
+def test_the_one_job_check_refuses_a_long_module_without_a_reason(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    body = "x = 1\n" * LONG_MODULE_LINES
+    cases = {
+        "said.py": '"""Checks; one job: every check of a run, read together."""\n' + body,
+        "unsaid.py": '"""Checks before start, and more."""\n' + body,
+        "empty.py": '"""Checks; one job: ."""\n' + body,
+        "short.py": '"""Checks, no reason needed."""\n' + "x = 1\n" * 10,
+    }
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+    found = long_modules_without_a_reason(sorted(tmp_path.glob("*.py")))
+    assert [line.split(" ")[0] for line in found] == ["empty.py", "unsaid.py"]

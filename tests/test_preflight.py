@@ -756,3 +756,83 @@ def test_python_collect_probes_the_endpoint_and_needs_a_key_only_if_it_is_refuse
             )
             assert "OPENAI_API_KEY" in str(caught.value) and starts == []
     assert len(starts) == 1  # the keyless server that answered: the run starts
+
+
+# Agents' settings: each agent the rows will be played by binds its args before the run.
+
+
+def test_rows_naming_an_agent_whose_required_args_are_not_set_are_one_line_naming_the_key(
+    tmp_path, starts
+):
+    # A NeMo Gym row whose prompt NeMo Gym's own agent writes is played by `nemo_gym`.
+    row = {"task_id": "g1", "environment": "weather", "responses_create_params": {"input": []}}
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps(row) + "\n")
+    line = refused(*collect(tasks, "--out", tmp_path / "out"), starts)
+    print(f"\nNEMO_GYM ROW {line}")
+    assert "agent 'nemo_gym'" in line and "needs 'url', 'gateway_port'" in line
+    assert "set agent_settings.nemo_gym.args.url, agent_settings.nemo_gym.args.gateway_port" in line
+    assert "the 'agent' field of 1 row(s) of tasks.jsonl (first: task_id 'g1')" in line
+    assert not (tmp_path / "out").exists()
+    # Given its settings, the same row reaches the start.
+    config = config_file(
+        tmp_path,
+        agent_settings={"nemo_gym": {"args": {"url": "http://127.0.0.1:1", "gateway_port": 9}}},
+    )
+    code, output, exception = collect(tasks, "--out", tmp_path / "out", "--config", config)
+    assert isinstance(exception, Started), output
+
+
+def test_the_agent_an_environment_defaults_to_and_the_run_agent_are_checked_too(tmp_path, starts):
+    env = "fixture_envs:NemoGymPlayedEnv"
+    tasks = tasks_file(tmp_path, env, env)
+    line = refused(*collect(tasks, "--out", tmp_path / "out"), starts)
+    assert f"the default agent of environment '{env}', playing 2 row(s) of tasks.jsonl" in line
+    assert "set agent_settings.nemo_gym.args.url" in line
+    # The run's --agent wins over the environment's default: then that one is checked.
+    code, output, exception = collect(tasks, "--agent", "tool_loop", "--out", tmp_path / "out")
+    assert isinstance(exception, Started), output
+    starts.clear()
+    config = config_file(tmp_path, agent_settings={"tool_loop": {"args": {"patience": 3}}})
+    line = refused(*collect(tasks, "--agent", "tool_loop", "--config", config), starts)
+    assert "agent_settings.tool_loop.args ['patience'] do not fit" in line
+    assert "--agent (the config's 'agent')" in line
+
+
+# --env-url alone.
+
+
+def test_one_env_url_alone_is_the_environment_of_rows_that_name_none(tmp_path, monkeypatch):
+    chosen: list[str | None] = []
+
+    def start(self: RolloutEngine, *args: Any, **kwargs: Any) -> RolloutEngine:
+        chosen.append(self.config.environment)
+        raise Started
+
+    monkeypatch.setattr(RolloutEngine, "_start", start)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(
+        "".join(json.dumps({"task_id": f"t{i}", "prompt": "hi"}) + "\n" for i in range(2))
+    )
+    with Endpoint() as server, Endpoint() as other:
+        url, other_url = server.base_url.removesuffix("/v1"), other.base_url.removesuffix("/v1")
+        out = ("--out", tmp_path / "out")
+        code, output, exception = collect(tasks, "--env-url", f"gym={url}", *out)
+        assert isinstance(exception, Started) and chosen == ["gym"], output
+        # An explicit --env (flag or config) still wins.
+        code, output, exception = collect(
+            tasks, "--env-url", f"gym={url}", "--env", "weather", *out
+        )
+        assert isinstance(exception, Started) and chosen[-1] == "weather", output
+        config = config_file(tmp_path, environment="weather")
+        code, output, exception = collect(
+            tasks, "--env-url", f"gym={url}", "--config", config, *out
+        )
+        assert isinstance(exception, Started) and chosen[-1] == "weather", output
+        # Two servers and rows that name neither: which one is the user's to say.
+        code, output, exception = collect(
+            tasks, "--env-url", f"gym={url}", "--env-url", f"other={other_url}", *out
+        )
+        assert code == 2 and len(chosen) == 3, output
+        print(f"\nTWO URLS {one_error_line(output)}")

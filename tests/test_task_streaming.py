@@ -5,6 +5,7 @@ missing. Each test prints the message a user sees (``pytest -s``)."""
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -391,6 +392,18 @@ def test_a_parquet_shard_sets_head_and_count_are_read_by_a_child_not_the_driver(
 # A streamed run, stopped and resumed.
 
 
+def streamed_run_config(namespace: str, out: Path, serve_port: int) -> dict:
+    """A small run of the echo environment: two samples a row, four episodes at a time."""
+    return {
+        "namespace": namespace,
+        "ray": {"serve_port": serve_port},
+        "environments": {"echo": {"path": "fixture_envs:EchoEnv"}},
+        "output": {"dir": str(out)},
+        "num_repeats": 2,
+        "concurrency": 4,
+    }
+
+
 def test_a_streamed_run_stops_at_a_bad_row_and_resume_writes_only_what_is_missing(
     tmp_path, small_head, serve_session
 ):
@@ -399,14 +412,7 @@ def test_a_streamed_run_stops_at_a_bad_row_and_resume_writes_only_what_is_missin
     rows = [own_row(i) for i in range(30)]
     rows[21] = '{"prompt": "broken'
     path = write_rows(tmp_path / "tasks.jsonl", rows)
-    config = {
-        "namespace": f"stream-{tmp_path.name}",
-        "ray": {"serve_port": serve_session},
-        "environments": {"echo": {"path": "fixture_envs:EchoEnv"}},
-        "output": {"dir": str(tmp_path / "out")},
-        "num_repeats": 2,
-        "concurrency": 4,
-    }
+    config = streamed_run_config(f"stream-{tmp_path.name}", tmp_path / "out", serve_session)
     with RolloutEngine(config) as engine, pytest.raises(InvalidTasksError) as caught:
         engine.collect(path)
     assert caught.value.stopped
@@ -433,14 +439,7 @@ def test_identical_nemo_gym_lines_play_as_separate_tasks_and_resume_writes_only_
     rows.append(copy)  # and once more past the head
     rows[13] = '{"prompt": "broken'
     path = write_rows(tmp_path / "tasks.jsonl", rows)
-    config = {
-        "namespace": f"stream-copies-{tmp_path.name}",
-        "ray": {"serve_port": serve_session},
-        "environments": {"echo": {"path": "fixture_envs:EchoEnv"}},
-        "output": {"dir": str(tmp_path / "out")},
-        "num_repeats": 2,
-        "concurrency": 4,
-    }
+    config = streamed_run_config(f"stream-copies-{tmp_path.name}", tmp_path / "out", serve_session)
     with RolloutEngine(config) as engine, pytest.raises(InvalidTasksError):
         engine.collect(path)
     first = {(t.task_id, t.sample_index) for t in read_trajectories(tmp_path / "out")}

@@ -1,8 +1,8 @@
-"""The recording OpenAI-compatible gateway: a program that calls the model itself, recorded.
+"""The recording OpenAI-compatible gateway; one job: serving episodes' model calls over HTTP.
 
-(Over 400 lines for one job, serving episodes over HTTP: the per-episode sessions, keys and
-ends, and the five routes that pass each call through ``AgentEpisode.model``. The request
-and answer shapes, which are pure, live apart in ``openai_shapes``.)
+A program that calls the model itself is recorded: the per-episode sessions, keys and ends,
+and the five routes that pass each call through ``AgentEpisode.model``. The request and
+answer shapes, which are pure, live apart in ``openai_shapes``.
 
 A program (an OpenAI SDK script, an agent framework) is handed a URL and a key instead of an
 ``AgentEpisode``: one loopback aiohttp server per worker, a path and key per episode, with

@@ -70,18 +70,53 @@ class AgentSpec(BaseModel):
 
     def create(self) -> Agent:
         """A new agent instance (one per worker actor plays all of its episodes)."""
-        target = _import_target(self.target)
+        target = self.check_args()
         try:
             if isinstance(target, type):
-                inspect.signature(target).bind(**self.args)
                 return target(**self.args)
-            inspect.signature(target).bind(None, **self.args)
             return FunctionAgent(target, **self.args)
         except TypeError as exc:
             raise AgentArgsError(
                 f"agent_settings.{self.name}.args {sorted(self.args)} do not fit "
                 f"{self.target}: {exc}. Match the args to its keyword parameters"
             ) from None
+
+    def check_args(self) -> Any:
+        """The agent's target, once the config's ``args`` bind to its signature (its
+        constructor, or a function's parameters after the episode): what ``create`` checks
+        before building, and the checks before a run without building anything.
+
+        Raises:
+            AgentArgsError: an argument the agent requires is missing (the message names
+                the config key to set), or one it does not take is given.
+        """
+        target = _import_target(self.target)
+        signature = inspect.signature(target)
+        try:
+            if isinstance(target, type):
+                signature.bind(**self.args)
+            else:
+                signature.bind(None, **self.args)
+        except TypeError as exc:
+            params = list(signature.parameters.values())[0 if isinstance(target, type) else 1 :]
+            missing = [
+                p.name
+                for p in params
+                if p.default is inspect.Parameter.empty
+                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                and p.name not in self.args
+            ]
+            if missing:
+                keys = ", ".join(f"agent_settings.{self.name}.args.{name}" for name in missing)
+                raise AgentArgsError(
+                    f"agent {self.name!r} ({self.target}) needs {', '.join(map(repr, missing))}: "
+                    f"set {keys} in the run's config"
+                ) from None
+            raise AgentArgsError(
+                f"agent_settings.{self.name}.args {sorted(self.args)} do not fit "
+                f"{self.target}: {exc}. Match the args to its keyword parameters"
+            ) from None
+        return target
 
     def describe(self) -> str:
         """The agent's first docstring line (for ``agent list``)."""

@@ -1,7 +1,7 @@
-"""Checks before start: what a ``collect`` can find wrong in a second, before Ray starts.
+"""Checks before start; one job: every check of a run, each naming its fix, read together.
 
-(Over 400 lines for one job: each check is small, but every one names its fix, and the
-checks of one run are read together here: tasks, environments, agents, output, policy.)
+What a ``collect`` can find wrong in a second, before Ray starts: tasks, environments,
+agents, output, policy. Each check is small, but every one names its fix.
 
 Starting Ray, Serve and the policy takes seconds to minutes; each check turns a mistake that
 would surface only after it (a directory as the tasks file, a ``--base-url`` with nothing
@@ -25,7 +25,13 @@ from typing import Any
 import orjson
 
 from rayrollout.agent.registry import ENTRY_POINT_GROUP as AGENT_ENTRY_POINT_GROUP
-from rayrollout.agent.registry import UnknownAgentError, agent_spec, registered_agents
+from rayrollout.agent.registry import (
+    AgentArgsError,
+    UnknownAgentError,
+    agent_spec,
+    registered_agents,
+    resolve_agent,
+)
 from rayrollout.data.config import ConfigError, RunConfig
 from rayrollout.data.schema import Task
 from rayrollout.environment.contract import Environment
@@ -199,14 +205,8 @@ def environment_unavailable(name: str, config: RunConfig) -> str | None:
     (``environments.NAME.url``), or the run joins a cluster by address; and where the name
     does not resolve (the checks of names report that).
     """
-    settings = config.environment_config(name)
-    if settings.url is not None or _joins_a_cluster(config):
-        return None
-    try:
-        cls = environment_spec(name, settings).load()
-    except (UnknownEnvironmentError, EnvironmentArgsError):
-        return None
-    return cls.unavailable_reason()
+    cls = _class_on_this_machine(name, config)
+    return None if cls is None else cls.unavailable_reason()
 
 
 def environment_config_problem(name: str, config: RunConfig) -> str | None:
@@ -217,14 +217,24 @@ def environment_config_problem(name: str, config: RunConfig) -> str | None:
     by ``environments.NAME.url``, or the run joins a cluster by address, whose nodes may
     import what this driver cannot) and where the name does not resolve.
     """
+    cls = _class_on_this_machine(name, config)
+    if cls is None:
+        return None
+    return cls.config_problem(dict(config.environment_config(name).args))
+
+
+def _class_on_this_machine(name: str, config: RunConfig) -> type[Environment] | None:
+    """Environment ``name``'s class as this machine loads it, or None where the question is
+    not this machine's (a server by ``environments.NAME.url``, a cluster joined by address)
+    or the name does not resolve: what ``environment_unavailable`` and
+    ``environment_config_problem`` ask of."""
     settings = config.environment_config(name)
     if settings.url is not None or _joins_a_cluster(config):
         return None
     try:
-        cls = environment_spec(name, settings).load()
+        return environment_spec(name, settings).load()
     except (UnknownEnvironmentError, EnvironmentArgsError):
         return None
-    return cls.config_problem(dict(settings.args))
 
 
 def check_environment_available(name: str, config: RunConfig) -> None:
@@ -322,21 +332,26 @@ def unknown_agents_hint(config: RunConfig) -> str:
 
 def check_agent(name: str, config: RunConfig, where: str) -> None:
     """Agent ``name`` (named in ``where``) is registered, configured or importable as
-    ``"module:Class"``: its module imports and its target is an agent. Its ``args`` are not
-    tried here (that builds the agent: ``rayrollout agent test`` does).
+    ``"module:Class"``: its module imports, its target is an agent, and the config's
+    ``agent_settings.NAME.args`` bind to its signature (``AgentSpec.check_args``: nothing is
+    built; ``rayrollout agent test`` builds and plays it).
 
     Raises:
         UnknownAgentError: unknown (the message lists the known ones), not importable, or
             a config path that contradicts its registration.
+        AgentArgsError: its args miss one it requires (the message names the config key to
+            set) or give one it does not take.
     """
     if name not in known_agents(config) and ":" not in name:
         raise UnknownAgentError(
             f"unknown agent {name!r} in {where}: pass a known one. {unknown_agents_hint(config)}"
         )
     try:
-        agent_spec(name, config.agent_config(name))
+        agent_spec(name, config.agent_config(name)).check_args()
     except UnknownAgentError as exc:
         raise UnknownAgentError(f"agent {name!r} in {where}: {exc}") from None
+    except AgentArgsError as exc:
+        raise AgentArgsError(f"{exc} (for {where}). Nothing was started") from None
 
 
 def check_default_agent(config: RunConfig) -> None:
@@ -351,23 +366,57 @@ def check_default_agent(config: RunConfig) -> None:
 
 
 def check_task_agents(tasks: list[Task], config: RunConfig, source: str) -> None:
-    """Every agent the rows of a tasks file name (their ``agent`` field) must exist: a
-    missing one would fail each of its episodes after minutes of start-up.
+    """Every agent that will play the rows of a tasks file must exist and fit its settings
+    (``check_agent``): the one each row resolves to (``resolve_agent``: its ``agent``
+    field, else the run's ``--agent``, else its environment's default), as the workers
+    resolve it. A missing agent, or one whose required args the config lacks, would fail
+    each of its episodes after minutes of start-up.
 
     Raises:
-        UnknownAgentError: the first unknown one, with how many rows name it and the first
+        UnknownAgentError: the first unknown one, with how many rows it plays and the first
             of them.
+        AgentArgsError: the first whose args do not fit, named the same way.
     """
-    named: dict[str, list[Task]] = {}
+    classes = _EnvironmentClasses(config)
+    chosen: dict[tuple[str, str], list[Task]] = {}
     for task in tasks:
-        if task.agent is not None:
-            named.setdefault(task.agent, []).append(task)
-    for name, rows in named.items():
-        where = (
-            f"the 'agent' field of {len(rows)} row(s) of {source} "
-            f"(first: task_id {rows[0].task_id!r})"
-        )
+        declares = None if task.agent or config.agent else classes.get(task.environment)
+        name = resolve_agent(task, config.agent, declares)
+        if task.agent:
+            by = "the 'agent' field of"
+        elif config.agent:
+            by = "--agent (the config's 'agent'), playing"
+        else:
+            by = f"the default agent of environment {task.environment!r}, playing"
+        chosen.setdefault((name, by), []).append(task)
+    for (name, by), rows in chosen.items():
+        where = f"{by} {len(rows)} row(s) of {source} (first: task_id {rows[0].task_id!r})"
         check_agent(name, config, where)
+
+
+class _EnvironmentClasses:
+    """Each environment's class as the workers load it (``RemoteEnvironment`` for one served
+    by URL), loaded once; None for a name that does not resolve (the row checks say so)."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.classes: dict[str, type[Environment] | None] = {}
+
+    def get(self, name: str) -> type[Environment] | None:
+        if name not in self.classes:
+            settings = self.config.environment_config(name)
+            found: type[Environment] | None = None
+            if settings.url is not None:
+                from rayrollout.environment.nemo_gym.client import RemoteEnvironment
+
+                found = RemoteEnvironment
+            else:
+                try:
+                    found = environment_spec(name, settings).load()
+                except (UnknownEnvironmentError, EnvironmentArgsError):
+                    found = None
+            self.classes[name] = found
+        return self.classes[name]
 
 
 # The output folder.

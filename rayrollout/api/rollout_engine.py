@@ -1,4 +1,6 @@
-"""``RolloutEngine``: the driver-side Python API (and what the CLI runs).
+"""``RolloutEngine``, the driver-side API; one job: the driver's side of a run, start to end.
+
+The driver-side Python API, and what the CLI runs.
 
 It brings up Ray, Serve, the policy and the named engine actor, feeds episodes to the engine
 in batches (waiting when the engine's queue is full), and reports progress while it waits.
@@ -10,8 +12,8 @@ ahead, never the task set. A source that fails mid-run (a bad row
 past the checked head) ends the submitting; what was submitted still finishes and is
 written before the error is raised, so ``--resume`` goes on from there.
 
-One job, the driver's side of a run, which is why it is over 400 lines: starting or attaching
-to the engine, feeding it, and turning its failures into one error each belong together.
+Starting or attaching to the engine, feeding it, and turning its failures into one error
+each belong together.
 Planning a collect (``api.collect``) and the checks before start (``api.preflight``) live
 apart already.
 """

@@ -189,7 +189,8 @@ _AGENT = typer.Option(
 _ENV_URL = typer.Option(
     "--env-url",
     help="NAME=URL: use the NeMo Gym resources server at URL as environment NAME "
-    "(repeatable); rows name it in 'environment' or via --env NAME.",
+    "(repeatable). Rows name it in 'environment'; rows that name none play on it when it is "
+    "the only --env-url and no --env is set.",
 )
 _POLICY = typer.Option(
     "--policy",
@@ -317,11 +318,15 @@ def collect(
         policy__kind="openai" if base_url else ("vllm" if policy_config else policy),
         policy__vllm_config=str(policy_config) if policy_config else None,
     )
-    if env_url:
-        flags["environments"] = parse_env_urls(env_url, env)
+    urls = parse_env_urls(env_url, env) if env_url else {}
+    if urls:
+        flags["environments"] = urls
     from rayrollout.data.config import load_config
 
     run_config = load_config(config, flags)
+    if run_config.environment is None and len(urls) == 1:
+        # One --env-url and no --env (flag or config): rows naming none play on that server.
+        run_config = load_config(config, {**flags, "environment": next(iter(urls))})
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     with routed_logs(console, run_config.output.dir, verbose):
         summary = run_collect(run_config)

@@ -1,4 +1,4 @@
-"""Run configuration: one pydantic model that YAML files, CLI flags and Python all fill.
+"""Run configuration; one job: the one pydantic model that YAML, CLI flags and Python fill.
 
 Every field has a description, and unknown keys are errors (``extra="forbid"``), so a typo in
 a YAML file fails loudly instead of being ignored. ``load_config`` merges a YAML file with

@@ -1,8 +1,9 @@
 """NeMo Gym's row shapes, read into a task's prompt, tools, sampling and fields.
 
-Its envelopes, its ``responses_create_params``, the agent a row's ``agent_ref`` names, rows
-whose opening NeMo Gym's servers write, and refusals of what rayrollout cannot run (each
-starting ``UNSUPPORTED``); every error names the file, line and field (``tasks.Fail``).
+Its envelopes, its ``responses_create_params``, rows whose opening NeMo Gym's servers write,
+and refusals of what rayrollout cannot run (each starting ``UNSUPPORTED``); every error names
+the file, line and field (``tasks.Fail``). Which agent plays a task read here is
+``nemo_gym_agents``'.
 """
 
 from __future__ import annotations
@@ -16,11 +17,9 @@ from rayrollout.data.responses import items_to_messages
 from rayrollout.data.schema import Message, SamplingParams, Task, content_part
 
 __all__ = [
-    "AGENT_REF_AGENTS",
     "NEMO_GYM_AGENT",
     "UNSUPPORTED",
     "Fail",
-    "agent_for_row",
     "from_nemo_gym",
     "is_nemo_gym_task",
     "prompt_messages",
@@ -52,21 +51,6 @@ Fail = Callable[[str | None, str], Exception]
 
 NEMO_GYM_AGENT = "nemo_gym"
 """The agent of rows whose opening NeMo Gym's own agent or environment server writes."""
-
-AGENT_REF_AGENTS = {
-    "gymnasium_agent": "reset_step",
-    "aviary_agent": "reset_step",
-    "toolsandbox_agent": "reset_step",
-    "simple_agent": "tool_loop",
-}
-"""NeMo Gym agent kinds and the rayrollout agent that plays a row as that kind does.
-
-A row's ``agent_ref.name`` names an agent server of NeMo Gym's config, which its configs
-name ``<server>_<kind>`` (``blackjack_gymnasium_agent`` is a ``gymnasium_agent``), so a name
-is matched by the kind it ends with: ``gymnasium_agent`` steps a Gymnasium-style server by
-``/reset`` and ``/step``, ``aviary_agent`` and ``toolsandbox_agent`` step a seeded server
-(both are the ``reset_step`` agent's loops), ``simple_agent`` is the tool loop. Other kinds
-(harnesses, simulations) have no rayrollout match here."""
 
 
 def unwrap(row: dict[str, Any], fail: Fail) -> tuple[dict[str, Any], str | None, str | None]:
@@ -401,26 +385,3 @@ def is_nemo_gym_task(task: Task) -> bool:
         or "resolved_row" in fields
         or ("task_input" in fields and isinstance(fields.get("task_id"), dict))
     )
-
-
-def agent_for_row(task: Task) -> str | None:
-    """The rayrollout agent that plays a NeMo Gym task as NeMo Gym would, or None.
-
-    A task opened by its server's ``/seed_session`` is stepped by ``reset_step``; one whose
-    opening NeMo Gym's agent writes by ``nemo_gym``; otherwise the row's ``agent_ref`` names
-    the NeMo Gym agent, matched by its kind (``AGENT_REF_AGENTS``). This is the
-    environment's default (``Environment.agent_for``): the row's own ``agent`` and the run's
-    ``--agent`` come first.
-    """
-    if task.opening == "seed_session":
-        return "reset_step"
-    if task.opening == "agent":
-        return NEMO_GYM_AGENT
-    agent_ref = task.fields.get("agent_ref")
-    name = agent_ref.get("name") if isinstance(agent_ref, dict) else None
-    if not isinstance(name, str):
-        return None
-    for kind, agent in AGENT_REF_AGENTS.items():
-        if name == kind or name.endswith(f"_{kind}"):
-            return agent
-    return None

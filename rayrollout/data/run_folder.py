@@ -1,4 +1,6 @@
-"""One owner of a run's output folder: what is in it, how it is named, and how it is read.
+"""A run's output folder; one job: one owner of what is in it, how it is named and read.
+
+Every part, journal and rejects file of the folder, named and read here alone.
 
 Every reader and writer of the folder goes through ``RunFolder``, so they agree on what a
 part is and which rows are there, and no path writes a sample twice. A folder holds

@@ -1,4 +1,6 @@
-"""The data model: tasks in, trajectories out, and the one Arrow schema both file formats share.
+"""Tasks, trajectories and their Arrow schema; one job: the schema derives from the models.
+
+The data model: tasks in, trajectories out, and the one Arrow schema both file formats share.
 
 Every output row, Parquet or JSONL, is ``Trajectory.to_row()``; every reader goes through
 ``Trajectory.from_row()``. The Arrow schema is derived from the pydantic models here, so a

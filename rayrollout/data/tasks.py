@@ -1,8 +1,8 @@
-"""Task input: stream rows from JSONL or Parquet and turn each into a validated ``Task``.
+"""Task input; one job: a row from its bytes, JSONL or Parquet, to a checked ``Task``.
 
-(Over 400 lines for one job, a row from its bytes to a checked ``Task``: reading a line,
+Rows stream from JSONL or Parquet and each becomes a validated ``Task``: reading a line,
 parsing either format, checking its tools, its id's uniqueness; NeMo Gym's own shapes are
-already apart in ``nemo_gym_rows``.)
+apart in ``nemo_gym_rows``.
 
 Two row formats are read as they are: rayrollout's own (``prompt``, ``environment``,
 ``tools``, ``sampling``, verifier fields) and NeMo Gym's (``responses_create_params``, kept

@@ -223,22 +223,22 @@ def _log_tail(path: str) -> str:
 def stop_head(head: LocalHead) -> None:
     """End the head's process group (SIGTERM, then SIGKILL after a grace period) and forget
     it. The blocking ``ray start`` stops the GCS, the raylet and their workers on SIGTERM."""
+    _signal_and_wait(head.pid, signal.SIGTERM, poll_s=0.25)
+    if _group_alive(head.pid):
+        _signal_and_wait(head.pid, signal.SIGKILL, poll_s=0.1)
+    head_state_path().unlink(missing_ok=True)
+
+
+def _signal_and_wait(pgid: int, sig: signal.Signals, poll_s: float) -> None:
+    """Send ``sig`` to process group ``pgid`` (gone already is fine) and wait, polling every
+    ``poll_s``, until the group has ended or the grace period is over."""
     try:
-        os.killpg(head.pid, signal.SIGTERM)
+        os.killpg(pgid, sig)
     except ProcessLookupError:
         pass
     deadline = time.monotonic() + _STOP_GRACE_S
-    while _group_alive(head.pid) and time.monotonic() < deadline:
-        time.sleep(0.25)
-    if _group_alive(head.pid):
-        try:
-            os.killpg(head.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + _STOP_GRACE_S
-        while _group_alive(head.pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-    head_state_path().unlink(missing_ok=True)
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(poll_s)
 
 
 def group_members(pgid: int) -> list[int]:

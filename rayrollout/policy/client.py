@@ -1,4 +1,6 @@
-"""Policy calls over the OpenAI protocol (Chat Completions or the Responses API).
+"""Policy calls; one job: a model call over the OpenAI protocol, its retries and its errors.
+
+Chat Completions, token-id ``/completions`` or the Responses API.
 
 One ``PolicyClient`` per worker shares one connection pool; Chat Completions and token-id
 ``/completions`` go through ``policy.http``, the Responses API through ``openai``. Retries are

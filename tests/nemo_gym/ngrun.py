@@ -59,6 +59,19 @@ def resources_server_block(name: str, port: int) -> dict[str, Any]:
     return {top: block}
 
 
+def front_model_block(front_port: int) -> dict[str, Any]:
+    """A ``policy_model`` block: NeMo Gym's ``openai_model`` model server pointed at
+    rayrollout's gateway front on 127.0.0.1:``front_port``."""
+    model = {
+        "entrypoint": "app.py",
+        "openai_base_url": f"http://127.0.0.1:{front_port}/v1",
+        "openai_api_key": "unused",  # the front reads each episode's key from the metadata
+        "openai_model": "scripted",
+        "openai_default_headers": {},
+    }
+    return {"policy_model": {"responses_api_models": {"openai_model": model}}}
+
+
 def _session_pids(sid: int) -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 from aiohttp import web
-from ngrun import NemoGymRun, free_port
+from ngrun import NemoGymRun, free_port, front_model_block
 from typer.testing import CliRunner
 
 from rayrollout import read_trajectories
@@ -45,14 +45,7 @@ def _ng_config(environment: str, env_port: int, agent_port: int, front_port: int
     blocks = yaml.safe_load(printed.output)
     agent = blocks[f"{environment}_simple_agent"]["responses_api_agents"]["simple_agent"]
     agent.update({"host": "127.0.0.1", "port": agent_port})
-    model = {
-        "entrypoint": "app.py",
-        "openai_base_url": f"http://127.0.0.1:{front_port}/v1",
-        "openai_api_key": "unused",  # the front reads each episode's key from the metadata
-        "openai_model": "scripted",
-        "openai_default_headers": {},
-    }
-    return {"policy_model": {"responses_api_models": {"openai_model": model}}, **blocks}
+    return {**front_model_block(front_port), **blocks}
 
 
 def _port_is_free(port: int) -> bool:

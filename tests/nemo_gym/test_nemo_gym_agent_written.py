@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 import yaml
-from ngrun import NemoGymRun, free_port, server_config
+from ngrun import NemoGymRun, free_port, front_model_block, server_config
 from typer.testing import CliRunner, Result
 
 from rayrollout import read_trajectories
@@ -71,13 +71,6 @@ def _blocks(agent_port: int, verify_port: int, front_port: int) -> dict:
     agent = blocks["scicode_agent"]["responses_api_agents"]["scicode_agent"]
     agent["resources_server"]["name"] = STAND_IN
     agent.update({"host": "127.0.0.1", "port": agent_port})
-    model = {
-        "entrypoint": "app.py",
-        "openai_base_url": f"http://127.0.0.1:{front_port}/v1",
-        "openai_api_key": "unused",  # the front reads each episode's key from the metadata
-        "openai_model": "scripted",
-        "openai_default_headers": {},
-    }
     stand_in = {
         "entrypoint": "app.py",
         "domain": "coding",
@@ -94,7 +87,7 @@ def _blocks(agent_port: int, verify_port: int, front_port: int) -> dict:
     return {
         **blocks,
         "scicode_agent_environment_server": {"environment_servers": {"legacy_agent": relay}},
-        "policy_model": {"responses_api_models": {"openai_model": model}},
+        **front_model_block(front_port),
         STAND_IN: {"resources_servers": {STAND_IN: stand_in}},
     }
 

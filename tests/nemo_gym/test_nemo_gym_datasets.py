@@ -51,6 +51,11 @@ def read_dataset(path: Path) -> tuple[list[tuple[dict[str, Any], Any]], list[Inv
             "environments": {"ng": {"url": "http://127.0.0.1:9"}},  # never asked: no probe
             "skip_invalid": True,
             "output": {"dir": str(path.parent / "never-written")},
+            # Agent-written rows play through the nemo_gym agent, whose required settings the
+            # plan checks before the run (never contacted here).
+            "agent_settings": {
+                "nemo_gym": {"args": {"url": "http://127.0.0.1:9", "gateway_port": 9}}
+            },
         }
     )
     plan = plan_collect(path, config)

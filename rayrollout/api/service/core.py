@@ -1,4 +1,6 @@
-"""What the rollout service does for each call, apart from HTTP: checks a submit
+"""The rollout service apart from HTTP; one job: a batch, from its submit to its last ack.
+
+What the service does for each call: checks a submit
 (``submit_rows``), feeds its batch to the engine within the batch's bound, frames the
 stream, forwards the training-loop calls to the engine actor (``engine_link``).
 

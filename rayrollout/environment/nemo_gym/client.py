@@ -22,7 +22,7 @@ import orjson
 from rayrollout.auth import bearer_header, read_token_file
 from rayrollout.data.config import EnvironmentConfig
 from rayrollout.data.convert import json_or_text
-from rayrollout.data.nemo_gym_rows import agent_for_row
+from rayrollout.data.nemo_gym_agents import agent_for_row
 from rayrollout.data.responses import (
     episode_response,
     items_to_messages,
