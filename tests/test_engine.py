@@ -207,8 +207,10 @@ def test_time_before_the_start_and_in_the_writer_is_accounted(tmp_path, serve_se
     finally:
         serve.delete("queue-tests.policy")
     queued = sorted(t.metrics.seconds_queued for t in result.trajectories())
-    # Each episode holds a slot for two 0.2 s model calls: the last pair waits three rounds.
-    assert queued[0] < 0.3 and queued[-1] >= 1.0, queued
+    # Each episode holds a slot for two 0.2 s model calls: the last pair waits three rounds
+    # (1.2 s of model calls) more than the first pair, whose wait is only the dispatch's and
+    # grows with the machine's load; so the gap is asserted, not the first wait itself.
+    assert queued[-1] >= 1.0 and queued[-1] - queued[0] >= 0.8, queued
     total = result.summary["total"]
     assert total["seconds_queued"] == pytest.approx(sum(queued), rel=1e-6)
     assert result.summary["writer"]["rows"] == 8 and result.summary["writer"]["seconds"] > 0
