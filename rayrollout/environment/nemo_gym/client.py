@@ -291,7 +291,8 @@ class RemoteSession:
     async def verify(self, episode: Episode) -> Verification:
         if self.task.opening == "agent":
             # Only the agent server's /run answer scores it: it alone holds what its own
-            # verify needs (scicode's collected code), so this session has nothing to send.
+            # verify needs (scicode's collected code), so the environment session has nothing
+            # to send.
             raise NemoGymError(
                 f"this task's opening and verdict are NeMo Gym's agent server's (the "
                 f"'nemo_gym' agent), and the episode ended before its /run answered; if it "
