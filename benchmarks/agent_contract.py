@@ -31,9 +31,9 @@ from common import emit, keep_stdout_for_json, stub_policy  # noqa: E402
 
 from rayrollout.data.config import RunConfig  # noqa: E402
 from rayrollout.data.schema import Message, Task, Trajectory  # noqa: E402
-from rayrollout.engine.episode import EpisodeSpec, run_episode  # noqa: E402
-from rayrollout.environment.registry import load_environment  # noqa: E402
-from rayrollout.environment.sessions import InlineSession  # noqa: E402
+from rayrollout.engine.episode_frame import EpisodeSpec, run_episode  # noqa: E402
+from rayrollout.envkit.registry import load_environment  # noqa: E402
+from rayrollout.envkit.sessions import InlineSession  # noqa: E402
 from rayrollout.policy.client import PolicyClient  # noqa: E402
 
 

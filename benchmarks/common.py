@@ -47,6 +47,7 @@ def serve_stub(port: int, latency_s: float, cpu_ms: float = 0.0) -> None:
     ``cpu_ms`` is CPU spent per call besides the stub's own, as a heavier policy server's.
     """
     from aiohttp import web
+
     from rayrollout.deployments.scripted.protocol import chat_completion
     from rayrollout.deployments.scripted.strategy import next_action
 

@@ -46,7 +46,7 @@ from common import (  # noqa: E402
     weather_tasks,
 )
 
-from rayrollout.agent import Agent, AgentEpisode  # noqa: E402
+from rayrollout.agentkit import Agent, AgentEpisode  # noqa: E402
 
 SCRIPT = os.path.join(ROOT, "examples", "openai_agent.py")
 PAGE = os.sysconf("SC_PAGE_SIZE")

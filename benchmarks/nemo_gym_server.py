@@ -21,12 +21,12 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from common import spend_cpu
-from rayrollout.environments.weather.env import WeatherEnv
 
 from rayrollout.data.responses import items_to_messages
 from rayrollout.data.schema import Task
 from rayrollout.data.tasks import parse_task_row
-from rayrollout.environment import Episode
+from rayrollout.environments.weather.env import WeatherEnv
+from rayrollout.envkit import Episode
 
 COOKIE = "session"
 

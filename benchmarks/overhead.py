@@ -99,9 +99,8 @@ def task_rows(episodes: int, environment: str = "weather") -> list[dict[str, Any
     A row without tools would leave a URL environment with none (a resources server
     publishes no schemas), so the model would answer at once: two calls fewer per episode.
     """
-    from rayrollout.environments.weather.env import WeatherEnv
-
     from rayrollout.data.convert import chat_tools_to_responses
+    from rayrollout.environments.weather.env import WeatherEnv
 
     tools = chat_tools_to_responses(WeatherEnv.tool_schemas())
     return [
@@ -135,10 +134,10 @@ async def bare_loop(
     """
     import aiohttp
     import orjson
-    from rayrollout.environments.weather.env import WeatherEnv
 
     from rayrollout.data.schema import FunctionCall, Message, Task, ToolCall
-    from rayrollout.environment import Episode
+    from rayrollout.environments.weather.env import WeatherEnv
+    from rayrollout.envkit import Episode
 
     rows = task_rows(episodes)
     # The row's tools in chat form, as the engine's task reading turns them.

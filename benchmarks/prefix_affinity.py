@@ -3,7 +3,8 @@
 (Over 400 lines for one job: the multi-turn client, the deployments per router and the
 reading of vLLM's own counters belong to one measurement, compared inside one run.)
 
-Deploys ``deployments/vllm/cpu.yaml`` (2 replicas of the tiny random-weight model, CPU) once
+Deploys ``rayrollout/deployments/vllm/cpu.yaml``
+(2 replicas of the tiny random-weight model, CPU) once
 per router, one app at a time: ``consistent_hash`` (the default: Serve hashes each call's
 ``x-session-id``, the episode id, to a replica) and ``power_of_two`` (Serve's default router:
 by queue length, no affinity); ``--routers`` adds ``prefix_aware`` (Ray's
@@ -296,6 +297,7 @@ async def cache_after_update(
     """The cached tokens of one prompt sent again, before and after a weight update made the
     way the engine makes it (``VllmWeights``: pause with clear_cache, reload, resume)."""
     import aiohttp
+
     from rayrollout.deployments.vllm.kind import VllmWeights
 
     headers = {"Authorization": f"Bearer {token}", "x-session-id": "update-probe"}
@@ -333,13 +335,13 @@ def run_arm(
     """Deploy the app with ``router``, play the episodes, read vLLM's counters, delete it."""
     import ray
     from ray import serve
+
+    from rayrollout.auth import RouteAuth
     from rayrollout.deployments.vllm.app import (
         build_vllm_app,
         load_vllm_config,
         resolve_model_source,
     )
-
-    from rayrollout.auth import RouteAuth
 
     config = load_vllm_config(args.policy_config)
     model_path = resolve_model_source(config)
@@ -415,7 +417,9 @@ def main() -> None:
         help="how the client sends prompts: 'messages' (Chat Completions, rendered by vLLM) "
         "is what prefix_aware can route",
     )
-    parser.add_argument("--policy-config", default=str(ROOT / "deployments/vllm/cpu.yaml"))
+    parser.add_argument(
+        "--policy-config", default=str(ROOT / "rayrollout/deployments/vllm/cpu.yaml")
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: it still works")
     args = parser.parse_args()
     if args.smoke:
@@ -425,9 +429,9 @@ def main() -> None:
 
     import ray
     from ray import serve
-    from rayrollout.deployments.vllm.app import load_vllm_config, resolve_model_source
 
     from rayrollout.auth import new_token
+    from rayrollout.deployments.vllm.app import load_vllm_config, resolve_model_source
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")  # counters arrive sooner

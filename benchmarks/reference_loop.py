@@ -1,5 +1,5 @@
 """The reference for ``agent_contract.py``: the episode loop hard-wired, with no agent contract
-between the engine and the loop (``rayrollout/engine/episode.py``'s own loop), unchanged but
+between the engine and the loop (``rayrollout/engine/episode_frame.py``'s own loop), unchanged but
 for this docstring and the names of its limits (``EpisodeConfig``) and of the row's worker
 column, so the benchmark compares today's ``tool_loop`` agent with it in one run.
 
@@ -28,8 +28,8 @@ from rayrollout.data.schema import (
     Trajectory,
     Turn,
 )
-from rayrollout.environment import Environment, Episode
-from rayrollout.environment.sessions import EnvironmentSetupFailed, EnvSession
+from rayrollout.envkit import Environment, Episode
+from rayrollout.envkit.sessions import EnvironmentSetupFailed, EnvSession
 from rayrollout.policy.client import PolicyError, PolicyTimeout
 from rayrollout.policy.protocol import Policy
 from rayrollout.policy.tokens import first_mismatch

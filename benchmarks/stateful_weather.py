@@ -8,8 +8,7 @@ way to host an environment, measured next to the stateless ``serve`` mode.
 from __future__ import annotations
 
 from rayrollout.environments.weather.env import WeatherEnv
-
-from rayrollout.environment import ToolResult
+from rayrollout.envkit import ToolResult
 
 
 class StatefulWeather(WeatherEnv):

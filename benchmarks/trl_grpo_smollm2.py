@@ -9,7 +9,7 @@ environment's own verifier, ``math_verify`` against the gold answer). TRL trains
 model token of both turns; the calculator's answer and the chat template's glue between the
 turns are masked out (``env_mask`` 0).
 
-The tasks: the shipped ``environments/math/tasks.jsonl`` has 9 rows, too few to split, so
+The tasks: the shipped ``rayrollout/environments/math/tasks.jsonl`` has 9 rows, too few to split, so
 ``arithmetic_tasks`` makes a fixed set of two-operation questions ("What is 37 + 48 - 19?")
 with their gold answers, and splits them once (independently of ``--seed``) into a training
 set and a held-out set the trainer never sees. The untrained model often gets them wrong in
@@ -111,7 +111,7 @@ def host(spec: dict[str, Any]) -> None:
     from rayrollout.engine.secret_env import route_token_path
 
     work_dir = Path(spec["work_dir"])
-    deployment = yaml.safe_load((ROOT / "deployments/vllm/smollm2-cpu.yaml").read_text())
+    deployment = yaml.safe_load((ROOT / "rayrollout/deployments/vllm/smollm2-cpu.yaml").read_text())
     deployment["engine_kwargs"]["dtype"] = "float32"  # see grpo_smollm2.py: Adam's steps
     deployment["client"]["max_tokens"] = spec["max_tokens"]
     deployment["client"]["temperature"] = spec["temperature"]

@@ -1,6 +1,6 @@
 """rayrollout driving vLLM vs a bare async client against the same vLLM server, same run.
 
-Deploys vLLM on Ray Serve LLM from ``deployments/vllm/cpu.yaml`` (the tiny random-weight
+Deploys vLLM on Ray Serve LLM from ``rayrollout/deployments/vllm/cpu.yaml`` (the tiny random-weight
 model on CPU; ``--replicas`` overrides the file's count), then alternates two clients over
 the same prompts, sampling and concurrency:
 
@@ -80,7 +80,7 @@ _WORKERS = 2  # the engine's worker actors
 def math_tasks(n: int) -> list[dict[str, Any]]:
     """n single-prompt math tasks: distinct ids, the 9 prompts repeated (the prefix cache
     helps both clients alike)."""
-    rows = [json.loads(line) for line in (ROOT / "environments/math/tasks.jsonl").open()]
+    rows = [json.loads(line) for line in (ROOT / "rayrollout/environments/math/tasks.jsonl").open()]
     return [{**rows[i % len(rows)], "task_id": f"bench-{i}"} for i in range(n)]
 
 
@@ -157,10 +157,9 @@ def run_rounds(
     whose routes take ``token``. With ``metrics_port`` (Ray's metrics endpoint, the app
     exporting vLLM's metrics) each side also reports vLLM's counters. ``noise_floor`` makes
     the second side the bare client again (``vllm_again``) and starts no engine."""
-    from rayrollout.environments.math.env import MathEnv
-
     from rayrollout import RolloutEngine, RunConfig
     from rayrollout.engine.feeding import chunk_size
+    from rayrollout.environments.math.env import MathEnv
     from rayrollout.policy.tokens import chat_template_tokenizer
 
     sampling = {
@@ -442,7 +441,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=4, help="alternating measurement rounds")
-    parser.add_argument("--policy-config", default=str(ROOT / "deployments/vllm/cpu.yaml"))
+    parser.add_argument(
+        "--policy-config", default=str(ROOT / "rayrollout/deployments/vllm/cpu.yaml")
+    )
     parser.add_argument("--replicas", type=int, help="vLLM replicas (default: the file's)")
     parser.add_argument(
         "--smoke", action="store_true", help="tiny run to check the benchmark works"
@@ -463,7 +464,7 @@ def main() -> None:
 
     from rayrollout import RunConfig
     from rayrollout.auth import RouteAuth, new_token
-    from rayrollout.engine.services import deploy_policy
+    from rayrollout.engine.startup import deploy_policy
 
     token = new_token()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

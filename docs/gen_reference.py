@@ -276,9 +276,8 @@ def _policy_kinds_section() -> list[str]:
 
 def config_page() -> str:
     """``docs/reference/config.md``."""
-    from rayrollout.deployments.vllm.app import VllmDeploymentConfig
-
     from rayrollout.data.config import RunConfig
+    from rayrollout.deployments.vllm.app import VllmDeploymentConfig
 
     lines = [
         HEADER.format(source="the pydantic models of rayrollout/data/config.py"),
@@ -296,7 +295,7 @@ def config_page() -> str:
         "vLLM deployment file (`--policy-config FILE`, `policy.vllm_config`)",
         first_paragraph(VllmDeploymentConfig.__doc__)
         + " Read from the YAML file that `policy.vllm_config` names "
-        "(`deployments/vllm/cpu.yaml`, `gpu.yaml`, `smollm2-cpu.yaml`).",
+        "(`rayrollout/deployments/vllm/cpu.yaml`, `gpu.yaml`, `smollm2-cpu.yaml`).",
         VllmDeploymentConfig,
     )
     return "\n".join(lines)
@@ -439,9 +438,10 @@ def import_every_module() -> None:
 
     import rayrollout
 
+    plugins = ("rayrollout.environments", "rayrollout.deployments", "rayrollout.agents")
     for info in pkgutil.walk_packages(rayrollout.__path__, "rayrollout."):
-        if info.name.endswith("__main__"):
-            continue
+        if info.name.endswith("__main__") or info.name.startswith(plugins):
+            continue  # plugins are not the core's tree (and bring optional packages)
         try:
             importlib.import_module(info.name)
         except ImportError:

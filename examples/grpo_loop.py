@@ -72,7 +72,7 @@ def run_config(
     serve_port: int = 8000,
     max_tokens: int = 16,
     *,
-    deployment_file: str | Path = ROOT / "deployments/vllm/cpu.yaml",
+    deployment_file: str | Path = ROOT / "rayrollout/deployments/vllm/cpu.yaml",
     environments: dict[str, Any] | None = None,
     namespace: str = NAMESPACE,
 ) -> RunConfig:

@@ -495,7 +495,7 @@ def main() -> None:
     # The tier's SmolLM2 deployment as shipped, but served in float32 by default: Adam's
     # steps (~lr per weight) are below bf16's resolution (~4e-3 relative), so a bf16 copy
     # would lag the trainer's weights and the ratio's "old" policy would not be the sampler.
-    deployment = yaml.safe_load((ROOT / "deployments/vllm/smollm2-cpu.yaml").read_text())
+    deployment = yaml.safe_load((ROOT / "rayrollout/deployments/vllm/smollm2-cpu.yaml").read_text())
     deployment["engine_kwargs"]["dtype"] = args.serve_dtype
     work_dir.mkdir(parents=True, exist_ok=True)
     deployment_file = work_dir / "smollm2.yaml"

@@ -44,10 +44,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rayrollout.agent import Agent, AgentEpisode, EpisodeEnd, OutOfTurns
-    from rayrollout.agent.gateway_front import FrontPortTaken
-    from rayrollout.agent.openai_shapes import BadRequest
-    from rayrollout.agent.registry import AgentArgsError, UnknownAgentError
+    from rayrollout.agentkit import Agent, AgentEpisode, EpisodeEnd, OutOfTurns
+    from rayrollout.agentkit.gateway_front import FrontPortTaken
+    from rayrollout.agentkit.openai_shapes import BadRequest
+    from rayrollout.agentkit.registry import AgentArgsError, UnknownAgentError
     from rayrollout.api.cluster import ServiceNotFoundError
     from rayrollout.api.collect import InvalidTasksError, OutputNotEmptyError
     from rayrollout.api.preflight import (
@@ -88,9 +88,9 @@ if TYPE_CHECKING:
     from rayrollout.data.task_shards import ShardReadError
     from rayrollout.data.tasks import InvalidTaskError, RowRefused, read_tasks
     from rayrollout.engine.local_head import LocalHeadError
-    from rayrollout.engine.services import PolicyEndpointError
+    from rayrollout.engine.startup import PolicyEndpointError
     from rayrollout.engine.weights import WeightsPathError
-    from rayrollout.environment import (
+    from rayrollout.envkit import (
         Environment,
         Episode,
         ToolError,
@@ -98,25 +98,25 @@ if TYPE_CHECKING:
         Verification,
         tool,
     )
-    from rayrollout.environment.nemo_gym.client import NemoGymError
-    from rayrollout.environment.nemo_gym.routes import EnvironmentRoutingError
-    from rayrollout.environment.openenv.channel import ActionRejected, OpenEnvError
-    from rayrollout.environment.registry import (
+    from rayrollout.envkit.nemo_gym.client import NemoGymError
+    from rayrollout.envkit.nemo_gym.routes import EnvironmentRoutingError
+    from rayrollout.envkit.openenv.channel import ActionRejected, OpenEnvError
+    from rayrollout.envkit.registry import (
         DuplicateEnvironmentError,
         EnvironmentArgsError,
         UnknownEnvironmentError,
     )
-    from rayrollout.environment.reset_step import (
+    from rayrollout.envkit.reset_step import (
         Opening,
         ResetStepEnvironment,
         ResetStepSession,
         StepResult,
     )
-    from rayrollout.environment.reset_step.protocol import ResetStepError
-    from rayrollout.environment.session_store import SessionNotOpen
-    from rayrollout.environment.sessions import EnvironmentLost, EnvironmentSetupFailed
-    from rayrollout.environment.testing import play_in_both_hostings
-    from rayrollout.environment.tool_args import ToolCallRejected
+    from rayrollout.envkit.reset_step.protocol import ResetStepError
+    from rayrollout.envkit.session_store import SessionNotOpen
+    from rayrollout.envkit.sessions import EnvironmentLost, EnvironmentSetupFailed
+    from rayrollout.envkit.testing import play_in_both_hostings
+    from rayrollout.envkit.tool_args import ToolCallRejected
     from rayrollout.errors import (
         ClusterError,
         EnvironmentBoundaryError,
@@ -152,21 +152,21 @@ _HOMES = {
     "Message": "rayrollout.data.schema",
     "trajectory_arrow_schema": "rayrollout.data.schema",
     "read_tasks": "rayrollout.data.tasks",
-    "Environment": "rayrollout.environment",
-    "tool": "rayrollout.environment",
-    "ToolResult": "rayrollout.environment",
-    "ToolError": "rayrollout.environment",
-    "Episode": "rayrollout.environment",
-    "Verification": "rayrollout.environment",
-    "ResetStepEnvironment": "rayrollout.environment.reset_step",
-    "ResetStepSession": "rayrollout.environment.reset_step",
-    "Opening": "rayrollout.environment.reset_step",
-    "StepResult": "rayrollout.environment.reset_step",
-    "play_in_both_hostings": "rayrollout.environment.testing",
-    "Agent": "rayrollout.agent",
-    "AgentEpisode": "rayrollout.agent",
-    "EpisodeEnd": "rayrollout.agent",
-    "OutOfTurns": "rayrollout.agent",
+    "Environment": "rayrollout.envkit",
+    "tool": "rayrollout.envkit",
+    "ToolResult": "rayrollout.envkit",
+    "ToolError": "rayrollout.envkit",
+    "Episode": "rayrollout.envkit",
+    "Verification": "rayrollout.envkit",
+    "ResetStepEnvironment": "rayrollout.envkit.reset_step",
+    "ResetStepSession": "rayrollout.envkit.reset_step",
+    "Opening": "rayrollout.envkit.reset_step",
+    "StepResult": "rayrollout.envkit.reset_step",
+    "play_in_both_hostings": "rayrollout.envkit.testing",
+    "Agent": "rayrollout.agentkit",
+    "AgentEpisode": "rayrollout.agentkit",
+    "EpisodeEnd": "rayrollout.agentkit",
+    "OutOfTurns": "rayrollout.agentkit",
     "PolicyKind": "rayrollout.policy.kinds",
     "OwnServer": "rayrollout.policy.kinds",
     "FixedWeights": "rayrollout.policy.kinds",
@@ -186,29 +186,29 @@ _HOMES = {
 # tests/test_public_api.py walks the tree and holds this to it (the CLI's own errors and
 # private classes excepted); docs/reference/errors.md draws it.
 _ERROR_HOMES = {
-    "ActionRejected": "rayrollout.environment.openenv.channel",
-    "AgentArgsError": "rayrollout.agent.registry",
-    "BadRequest": "rayrollout.agent.openai_shapes",
+    "ActionRejected": "rayrollout.envkit.openenv.channel",
+    "AgentArgsError": "rayrollout.agentkit.registry",
+    "BadRequest": "rayrollout.agentkit.openai_shapes",
     "BadRequestError": "rayrollout.client.errors",
     "BatchConflictError": "rayrollout.client.errors",
     "BatchNotFoundError": "rayrollout.client.errors",
     "ConfigError": "rayrollout.data.config",
     "CursorGoneError": "rayrollout.api.service.batches",
-    "DuplicateEnvironmentError": "rayrollout.environment.registry",
+    "DuplicateEnvironmentError": "rayrollout.envkit.registry",
     "EmptyRunError": "rayrollout.data.episode_table",
     "EngineDiedError": "rayrollout.api.rollout_engine",
     "EngineExistsError": "rayrollout.api.rollout_engine",
     "EngineGoneError": "rayrollout.client.errors",
-    "EnvironmentArgsError": "rayrollout.environment.registry",
+    "EnvironmentArgsError": "rayrollout.envkit.registry",
     "EnvironmentCheckError": "rayrollout.api.preflight",
-    "EnvironmentLost": "rayrollout.environment.sessions",
-    "EnvironmentRoutingError": "rayrollout.environment.nemo_gym.routes",
-    "EnvironmentSetupFailed": "rayrollout.environment.sessions",
+    "EnvironmentLost": "rayrollout.envkit.sessions",
+    "EnvironmentRoutingError": "rayrollout.envkit.nemo_gym.routes",
+    "EnvironmentSetupFailed": "rayrollout.envkit.sessions",
     "EnvironmentUnavailableError": "rayrollout.api.preflight",
     "EnvironmentUrlError": "rayrollout.api.preflight",
     "EpisodesFailedError": "rayrollout.errors",
     "ExportError": "rayrollout.data.export.base",
-    "FrontPortTaken": "rayrollout.agent.gateway_front",
+    "FrontPortTaken": "rayrollout.agentkit.gateway_front",
     "HeadReadError": "rayrollout.data.task_shard_head",
     "HttpStatusError": "rayrollout.policy.http",
     "HttpTimeout": "rayrollout.policy.http",
@@ -216,31 +216,31 @@ _ERROR_HOMES = {
     "ImageError": "rayrollout.data.images",
     "LateImages": "rayrollout.data.export.writing",
     "LocalHeadError": "rayrollout.engine.local_head",
-    "NemoGymError": "rayrollout.environment.nemo_gym.client",
-    "OpenEnvError": "rayrollout.environment.openenv.channel",
+    "NemoGymError": "rayrollout.envkit.nemo_gym.client",
+    "OpenEnvError": "rayrollout.envkit.openenv.channel",
     "OpenJournalsError": "rayrollout.api.service.journal",
     "OutputFolderError": "rayrollout.api.preflight",
     "PartError": "rayrollout.data.run_folder",
     "PolicyCheckError": "rayrollout.api.preflight",
-    "PolicyEndpointError": "rayrollout.engine.services",
+    "PolicyEndpointError": "rayrollout.engine.startup",
     "PolicyError": "rayrollout.policy.client",
     "PolicyTimeout": "rayrollout.policy.client",
     "PreflightError": "rayrollout.api.preflight",
-    "ResetStepError": "rayrollout.environment.reset_step.protocol",
+    "ResetStepError": "rayrollout.envkit.reset_step.protocol",
     "RowRefused": "rayrollout.data.tasks",
     "ServiceBusyError": "rayrollout.client.errors",
     "ServiceError": "rayrollout.client.errors",
     "ServiceNotFoundError": "rayrollout.api.cluster",
-    "SessionNotOpen": "rayrollout.environment.session_store",
+    "SessionNotOpen": "rayrollout.envkit.session_store",
     "ShardReadError": "rayrollout.data.task_shards",
     "StaleEpisode": "rayrollout.policy.gate",
     "TasksFileError": "rayrollout.api.preflight",
     "TemplateError": "rayrollout.policy.tokens",
     "TooManyFailuresError": "rayrollout.integrations.sequences",
-    "ToolCallRejected": "rayrollout.environment.tool_args",
+    "ToolCallRejected": "rayrollout.envkit.tool_args",
     "UnauthorizedError": "rayrollout.client.errors",
-    "UnknownAgentError": "rayrollout.agent.registry",
-    "UnknownEnvironmentError": "rayrollout.environment.registry",
+    "UnknownAgentError": "rayrollout.agentkit.registry",
+    "UnknownEnvironmentError": "rayrollout.envkit.registry",
     "UnknownPolicyKindError": "rayrollout.policy.kinds",
     "WeightUpdateError": "rayrollout.policy.kinds",
     "WeightsPathError": "rayrollout.engine.weights",

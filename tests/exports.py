@@ -13,12 +13,12 @@ from pathlib import Path
 import datasets
 import yaml
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from rayrollout.deployments.vllm.tiny_model import CHAT_TEMPLATE
 from typer.testing import CliRunner
 
 from rayrollout.cli.commands import app
 from rayrollout.data.schema import EpisodeMetrics, FunctionCall, Message, ToolCall, Trajectory
 from rayrollout.data.writer import PartWriter, make_sink
+from rayrollout.deployments.vllm.tiny_model import CHAT_TEMPLATE
 
 ROOT = Path(__file__).resolve().parents[1]
 NEMO_GYM_TASKS = ROOT / "environments" / "weather" / "tasks_nemo_gym.jsonl"

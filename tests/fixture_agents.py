@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from rayrollout.agent import Agent, AgentEpisode
+from rayrollout.agentkit import Agent, AgentEpisode
 
 
 class Raises(Agent):

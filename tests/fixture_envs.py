@@ -6,7 +6,7 @@ import asyncio
 from typing import ClassVar
 
 from rayrollout.data.schema import Task
-from rayrollout.environment import Environment, Episode, Verification, tool
+from rayrollout.envkit import Environment, Episode, Verification, tool
 
 
 class EchoEnv(Environment):

@@ -19,6 +19,7 @@ from collections import Counter
 from typing import Any
 
 from aiohttp import web
+
 from rayrollout.deployments.scripted.protocol import chat_completion
 from rayrollout.deployments.scripted.strategy import next_action
 

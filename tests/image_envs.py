@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PIL import Image
 
-from rayrollout.environment import Environment, Episode, Verification, tool
+from rayrollout.envkit import Environment, Episode, Verification, tool
 
 
 def picture(seed: int) -> Image.Image:

@@ -9,10 +9,10 @@ from typing import Any
 
 from aiohttp import web
 from netutil import free_port
-from rayrollout.deployments.scripted.actor_server import ScriptedPolicyServer
 
 from rayrollout.auth import RouteAuth
 from rayrollout.data.images import decode_data_url
+from rayrollout.deployments.scripted.actor_server import ScriptedPolicyServer
 
 TOKEN = "secret"
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rayrollout.environment import Environment, Episode, Verification, tool
+from rayrollout.envkit import Environment, Episode, Verification, tool
 
 # What the child process prints: its own environment and its parent's (the tool's process).
 _CHILD = (

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from rayrollout.data.schema import Message
-from rayrollout.environment.reset_step import Opening, ResetStepEnvironment, StepResult
+from rayrollout.envkit.reset_step import Opening, ResetStepEnvironment, StepResult
 
 
 class TallyEnv(ResetStepEnvironment):

@@ -18,7 +18,7 @@ import yaml
 from flaky_policy import FlakyPolicy
 from typer.testing import CliRunner
 
-from rayrollout.agent import AgentEpisode
+from rayrollout.agentkit import AgentEpisode
 from rayrollout.api.rollout_engine import RolloutEngine
 from rayrollout.cli.commands import app
 from rayrollout.data.schema import Message

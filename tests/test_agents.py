@@ -14,12 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+
+from rayrollout.agentkit.registry import agent_spec
 from rayrollout.agents.context_budget import ContextBudget
 from rayrollout.agents.simulated_user import DEFAULT_PERSONA, SimulatedUser
 from rayrollout.agents.tool_loop import ToolLoop
-from rayrollout.environments.weather.env import WeatherEnv
-
-from rayrollout.agent.registry import agent_spec
 from rayrollout.data.config import AgentSettings, EpisodeConfig, PolicyConfig
 from rayrollout.data.schema import (
     FunctionCall,
@@ -30,8 +29,9 @@ from rayrollout.data.schema import (
     Trajectory,
     Turn,
 )
-from rayrollout.engine.episode import EpisodeSpec, run_episode
-from rayrollout.environment.sessions import InlineSession
+from rayrollout.engine.episode_frame import EpisodeSpec, run_episode
+from rayrollout.environments.weather.env import WeatherEnv
+from rayrollout.envkit.sessions import InlineSession
 from rayrollout.policy.client import PolicyReply
 
 QUESTION = "What's the weather like in Paris?"

@@ -224,10 +224,10 @@ def test_external_endpoint_with_jsonl_output_never_records_the_key(
     tmp_path, serve_session, monkeypatch
 ):
     from ray import serve
-    from rayrollout.deployments.scripted import scripted_policy_app
 
     from rayrollout import Trajectory
     from rayrollout.auth import RouteAuth
+    from rayrollout.deployments.scripted import scripted_policy_app
 
     # The "external" server takes only its key, as a real one would: the workers must send it.
     serve.run(

@@ -23,7 +23,7 @@ from rayrollout.cli.progress import RunProgress, summary_table
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import EpisodeMetrics, Trajectory
 from rayrollout.data.writer import PartWriter, make_sink
-from rayrollout.engine.figures import RunSnapshot
+from rayrollout.engine.run_figures import RunSnapshot
 from rayrollout.engine.stats import EnvStats, RunStats
 
 # What Ray, Serve, gRPC and math-verify print; none of it may reach the console.

@@ -57,9 +57,8 @@ NEMO_GYM_SERVER_KINDS = {
 
 def check_yaml(text: str, folder: Path, where: str) -> str:
     """Load one YAML block through the loader it is meant for; return which one it was."""
-    from rayrollout.deployments.vllm.app import load_vllm_config
-
     from rayrollout.data.config import load_config
+    from rayrollout.deployments.vllm.app import load_vllm_config
 
     data = yaml.safe_load(text)
     assert isinstance(data, dict), f"{where}: a YAML block that is not a mapping"
@@ -91,7 +90,7 @@ def check_yaml(text: str, folder: Path, where: str) -> str:
 def check_nemo_gym_config(data: dict[str, Any], where: str) -> None:
     """A page's NeMo Gym config of the service's relay is what ``service_agent_block``
     writes for the same settings (its ``description`` aside)."""
-    from rayrollout.environment.nemo_gym.config import AGENT_FOLDER, service_agent_block
+    from rayrollout.envkit.nemo_gym.ng_run_config import AGENT_FOLDER, service_agent_block
 
     for name, servers in data.items():
         relay = servers.get("responses_api_agents", {}).get(AGENT_FOLDER)

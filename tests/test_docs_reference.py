@@ -55,9 +55,8 @@ def config_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
 
 
 def missing_config_fields(page: str) -> list[str]:
-    from rayrollout.deployments.vllm.app import VllmDeploymentConfig
-
     from rayrollout.data.config import RunConfig
+    from rayrollout.deployments.vllm.app import VllmDeploymentConfig
     from rayrollout.policy.kinds import policy_kind, policy_kinds
 
     wanted = config_paths(RunConfig) + config_paths(VllmDeploymentConfig)
@@ -196,9 +195,10 @@ def error_classes() -> list[type[BaseException]]:
     import rayrollout
     from rayrollout.errors import RayrolloutError
 
+    plugins = ("rayrollout.environments", "rayrollout.deployments", "rayrollout.agents")
     for info in pkgutil.walk_packages(rayrollout.__path__, "rayrollout."):
-        if info.name.endswith("__main__"):
-            continue
+        if info.name.endswith("__main__") or info.name.startswith(plugins):
+            continue  # the built-in plugins raise the core's errors, they add none of theirs
         try:
             importlib.import_module(info.name)
         except ImportError:

@@ -1,7 +1,7 @@
 import pytest
 
 from rayrollout.data.schema import Message, Task
-from rayrollout.environment import Environment, Episode, ToolError, Verification, tool
+from rayrollout.envkit import Environment, Episode, ToolError, Verification, tool
 
 
 class Shop(Environment):

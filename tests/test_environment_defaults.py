@@ -13,18 +13,18 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from rayrollout.agent.registry import resolve_agent
+from rayrollout.agentkit.registry import resolve_agent
 from rayrollout.cli.progress import RunProgress
 from rayrollout.data.config import EpisodeConfig, load_config
 from rayrollout.data.schema import Task
-from rayrollout.engine.figures import RunSnapshot
+from rayrollout.engine.run_figures import RunSnapshot
 from rayrollout.engine.stats import EnvStats
-from rayrollout.environment import Environment, Episode, Verification
-from rayrollout.environment.contract import episode_limits, own_turn_limit
-from rayrollout.environment.openenv import OpenEnvEnvironment
-from rayrollout.environment.reset_step.gem import GemEnvironment
-from rayrollout.environment.reset_step.skyrl_gym import SkyrlGymEnvironment
-from rayrollout.environment.verifiers import VerifiersEnvironment
+from rayrollout.envkit import Environment, Episode, Verification
+from rayrollout.envkit.contract import episode_limits, own_turn_limit
+from rayrollout.envkit.openenv import OpenEnvEnvironment
+from rayrollout.envkit.reset_step.gem import GemEnvironment
+from rayrollout.envkit.reset_step.skyrl_gym import SkyrlGymEnvironment
+from rayrollout.envkit.verifiers import VerifiersEnvironment
 
 
 def task(agent: str | None = None, **fields: Any) -> Task:

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from rayrollout.data.schema import Task
 from rayrollout.data.tasks import InvalidTaskError, parse_task_row, read_tasks
-from rayrollout.environment import Environment, Episode, ToolResult, Verification, tool
+from rayrollout.envkit import Environment, Episode, ToolResult, Verification, tool
 
 FUZZ = settings(
     max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]

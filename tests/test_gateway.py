@@ -11,15 +11,15 @@ from contextlib import asynccontextmanager
 import aiohttp
 import openai
 import pytest
-from rayrollout.environments.weather.env import WeatherEnv
 
-from rayrollout.agent import AgentEpisode, EpisodeEnd, OutOfTurns
-from rayrollout.agent.gateway import TOOL_ERROR_HEADER, Gateway
+from rayrollout.agentkit import AgentEpisode, EpisodeEnd, OutOfTurns
+from rayrollout.agentkit.gateway import TOOL_ERROR_HEADER, Gateway
 from rayrollout.auth import RouteAuth
 from rayrollout.data.config import EpisodeConfig, PolicyConfig
 from rayrollout.data.convert import chat_tools_to_responses
 from rayrollout.data.schema import Message, Task, Trajectory
-from rayrollout.environment.sessions import InlineSession
+from rayrollout.environments.weather.env import WeatherEnv
+from rayrollout.envkit.sessions import InlineSession
 from rayrollout.policy.client import PolicyClient
 
 KEY = "gateway-test-policy-key"
@@ -29,6 +29,7 @@ PROMPT = "What's the weather like in Paris?"
 @pytest.fixture(scope="module")
 def policy_url(serve_session):
     from ray import serve
+
     from rayrollout.deployments.scripted import scripted_policy_app
 
     serve.run(

@@ -1,5 +1,5 @@
-"""The ``nemo_gym`` agent (agents/nemo_gym.py) and the gateway front
-(rayrollout/agent/gateway_front.py), without NeMo Gym: the front against a fake gateway, its
+"""The ``nemo_gym`` agent (rayrollout/agents/nemo_gym.py) and the gateway front
+(rayrollout/agentkit/gateway_front.py), without NeMo Gym: the front against a fake gateway, its
 port shared by agent instances (and refused when another program holds it), and the agent
 against the real gateway with a fake agent server. The whole thing against NeMo Gym's own
 ``simple_agent`` is in the nemo_gym tier (tests/nemo_gym/test_nemo_gym_agent_by_url.py).
@@ -19,12 +19,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 from netutil import free_port
-from rayrollout.agents.nemo_gym import NemoGymAgent, _complete_transcript
 
-import rayrollout.agent.gateway_front as gateway_front
-from rayrollout.agent import AgentEpisode, EpisodeEnd, OutOfTurns
-from rayrollout.agent.gateway import Gateway
-from rayrollout.agent.gateway_front import (
+import rayrollout.agentkit.gateway_front as gateway_front
+from rayrollout.agentkit import AgentEpisode, EpisodeEnd, OutOfTurns
+from rayrollout.agentkit.gateway import Gateway
+from rayrollout.agentkit.gateway_front import (
     FRONT_HEALTH_PATH,
     GATEWAY_FIELD,
     KEY_FIELD,
@@ -33,6 +32,7 @@ from rayrollout.agent.gateway_front import (
     GatewayFront,
     is_front,
 )
+from rayrollout.agents.nemo_gym import NemoGymAgent, _complete_transcript
 from rayrollout.data.config import EpisodeConfig, PolicyConfig
 from rayrollout.data.schema import FunctionCall, Message, Task, ToolCall, Trajectory, Turn
 from rayrollout.policy.client import PolicyReply

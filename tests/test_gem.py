@@ -21,7 +21,7 @@ gem = pytest.importorskip("gem", reason="GEM is not installed: pip install 'rayr
 from rayrollout import read_trajectories  # noqa: E402
 from rayrollout.cli.commands import app  # noqa: E402
 
-SOURCE = "rayrollout.environment.reset_step.gem:GemEnvironment"
+SOURCE = "rayrollout.envkit.reset_step.gem:GemEnvironment"
 
 GAME = "game:GuessTheNumber-v0-easy"  # 1 to 10, four guesses
 LONG = {"env_id": "game:GuessTheNumber-v0-hard", "env_kwargs": {"max_turns": 12}}  # 1 to 50

@@ -26,7 +26,7 @@ from rayrollout.data.schema import (
 )
 from rayrollout.data.tasks import InvalidTaskError, parse_task_row, read_tasks
 from rayrollout.data.writer import JsonlSink, ParquetSink, PartWriter
-from rayrollout.environment import Environment, Episode, Verification, tool
+from rayrollout.envkit import Environment, Episode, Verification, tool
 from rayrollout.policy.client import PolicyClient
 
 
@@ -452,7 +452,7 @@ def test_audio_parts_stay_refused_by_name():
 
 
 def test_a_program_may_send_images_through_the_gateway_in_chat_form():
-    from rayrollout.agent.openai_shapes import BadRequest, chat_messages
+    from rayrollout.agentkit.openai_shapes import BadRequest, chat_messages
 
     image = {"type": "image_url", "image_url": {"url": data_url(RED)}}
     (message,) = chat_messages(

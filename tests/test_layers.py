@@ -2,7 +2,7 @@
 
 Each subpackage of ``rayrollout`` is a part with a rank (its ``__init__`` docstring says what
 it may import). A module may import its own part and parts of lower rank, never a higher
-one; ``environment`` and ``policy`` share a rank and do not import each other; the core
+one; ``envkit`` and ``policy`` share a rank and do not import each other; the core
 never names a plugin (``rayrollout.environments``, ``rayrollout.deployments``): it finds them
 through the registry. Imports inside functions count too: a lazy import up a layer is still
 a step back up.
@@ -37,20 +37,20 @@ RANKS = {
     "plugins": 1,  # the entry-point mechanism of every registry: errors only
     "client": 1,  # the light HTTP client: errors and auth only, never Ray (test_client.py)
     "integrations": 2,  # trainer adapters over the client (no engine part: no peers imported)
-    "environment": 2,
+    "envkit": 2,
     "policy": 2,
-    "agent": 3,
+    "agentkit": 3,
     "engine": 4,
     "api": 5,
     "cli": 6,
     "__main__": 7,  # python -m rayrollout: the console script, run by a Python
 }
-PLUGINS = ("environments", "deployments", "agents")  # repo folders installed as rayrollout.*
-PLUGIN_MAY_IMPORT = {"errors", "auth", "data", "environment", "policy", "agent"}
+PLUGINS = ("environments", "deployments", "agents")  # the built-in plugins' folders
+PLUGIN_MAY_IMPORT = {"errors", "auth", "data", "envkit", "policy", "agentkit"}
 
 
 def _part(module: str) -> str | None:
-    """``rayrollout.engine.actor`` -> ``engine``; the facade ``rayrollout`` -> None."""
+    """``rayrollout.engine.engine_actor`` -> ``engine``; the facade ``rayrollout`` -> None."""
     pieces = module.split(".")
     return pieces[1] if len(pieces) > 1 else None
 
@@ -70,15 +70,12 @@ def _imports(path: Path) -> list[tuple[int, str]]:
 
 
 def _modules() -> list[tuple[str, Path]]:
-    files = [(p, PACKAGE) for p in PACKAGE.rglob("*.py")]
-    files += [(p, ROOT / name) for name in PLUGINS for p in (ROOT / name).rglob("*.py")]
     out = []
-    for path, base in files:
-        if "tests" in path.relative_to(base).parts or "server" in path.relative_to(base).parts:
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE)
+        if "tests" in rel.parts or "server" in rel.parts:
             continue  # plugin tests and the ng_run entrypoint are not part of the import graph
-        prefix = "rayrollout" if base == PACKAGE else f"rayrollout.{base.name}"
-        rel = path.relative_to(base).with_suffix("")
-        name = ".".join([prefix, *rel.parts]).removesuffix(".__init__")
+        name = ".".join(["rayrollout", *rel.with_suffix("").parts]).removesuffix(".__init__")
         out.append((name, path))
     return out
 
@@ -116,7 +113,7 @@ def test_every_top_level_module_of_the_package_is_a_known_part():
     entries = {
         p.stem for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()
     }
-    assert entries - {"__init__"} <= set(RANKS), entries - set(RANKS)
+    assert entries - {"__init__", *PLUGINS} <= set(RANKS), entries - set(RANKS)
 
 
 def test_every_part_says_what_it_may_import():
@@ -138,10 +135,7 @@ def test_the_wheel_lists_every_package_folder():
         ".".join(("rayrollout", *p.parent.relative_to(PACKAGE).parts))
         for p in PACKAGE.rglob("__init__.py")
     }
-    for name in PLUGINS:
-        for init in (ROOT / name).rglob("__init__.py"):
-            folders.add(".".join(("rayrollout", name, *init.parent.relative_to(ROOT / name).parts)))
-    folders = {f.rstrip(".") for f in folders}
+    folders = {f.rstrip(".") for f in folders if "__pycache__" not in f}
     assert folders == listed, (
         f"missing from pyproject: {folders - listed}; stale: {listed - folders}"
     )
@@ -169,7 +163,7 @@ def test_pip_install_puts_only_rayrollout_in_site_packages(tmp_path):
     assert {n for n in top if not n.endswith(".dist-info")} == {"rayrollout"}, top
     # The plugins and their data are inside it, importable from the installed copy alone.
     assert (target / "rayrollout/environments/weather/tasks.jsonl").is_file()
-    assert (target / "rayrollout/environment/nemo_gym/server/resources_servers").is_dir()
+    assert (target / "rayrollout/envkit/nemo_gym/server/resources_servers").is_dir()
     probe = (
         "import rayrollout, rayrollout.environments.weather.env as w, rayrollout.deployments;"
         "print(rayrollout.__file__); print(w.__file__)"
@@ -207,11 +201,7 @@ def long_modules_without_a_reason(paths: list[Path]) -> list[str]:
 
 
 def test_every_module_over_400_lines_says_in_its_first_line_why_it_is_one_job():
-    modules = [
-        path
-        for folder in ("rayrollout", *PLUGINS)
-        for path in sorted((ROOT / folder).rglob("*.py"))
-    ]
+    modules = [path for path in sorted(PACKAGE.rglob("*.py"))]
     long = [p for p in modules if p.read_text().count("\n") > LONG_MODULE_LINES]
     print(f"\n{len(long)} of {len(modules)} modules over {LONG_MODULE_LINES} lines")
     assert long_modules_without_a_reason(modules) == []
@@ -230,3 +220,44 @@ def test_the_one_job_check_refuses_a_long_module_without_a_reason(tmp_path, monk
         (tmp_path / name).write_text(text)
     found = long_modules_without_a_reason(sorted(tmp_path.glob("*.py")))
     assert [line.split(" ")[0] for line in found] == ["empty.py", "unsaid.py"]
+
+
+# File names that repeat across packages, each with why the two (or more) files are one kind
+# of job: a newcomer finding two ``collect.py`` knows they are the same command at two layers.
+REPEATED_FILE_NAMES = {
+    "__main__.py": "python -m rayrollout and python -m rayrollout.cli: one console script",
+    "app.py": "the Serve or ng_run application of its package (NeMo Gym's entrypoint name)",
+    "base.py": "the base class of its package's kinds (exporters, reset/step environments)",
+    "client.py": "the HTTP client of its package's counterpart (the policy, a NeMo Gym server)",
+    "collect.py": "one collect at two layers: the API's plan and the CLI command over it",
+    "contract.py": "the contract a plugin implements: an environment's, an agent's",
+    "env.py": "each built-in environment's one class",
+    "errors.py": "the error tree, and the light client's errors (it installs alone)",
+    "kind.py": "each built-in policy kind's entry point",
+    "nemo_gym.py": "named after NeMo Gym: its agent, and its export format",
+    "protocol.py": "the wire protocol of its package's counterpart",
+    "registry.py": "the registry by name of environments, of agents",
+    "routes.py": "the HTTP routes of a server: the service's, NeMo Gym's",
+    "trl.py": "named after TRL: its export format, its trainer adapter",
+    "verifiers.py": "named after verifiers: its environment name, its agent",
+    "verl.py": "named after verl: its export format, its trainer adapter",
+}
+
+
+def test_no_two_packages_differ_only_by_a_plural():
+    names = {p.parent.name for p in PACKAGE.rglob("__init__.py")}
+    twins = sorted(n for n in names if f"{n}s" in names or (n.endswith("s") and n[:-1] in names))
+    assert twins == [], f"packages differing only by a plural: {twins}"
+
+
+def test_every_repeated_file_name_says_why():
+    seen: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE)
+        if path.name != "__init__.py" and "tests" not in rel.parts:
+            seen.setdefault(path.name, []).append(str(rel))
+    repeated = {name for name, paths in seen.items() if len(paths) > 1}
+    unexplained = {name: seen[name] for name in repeated - set(REPEATED_FILE_NAMES)}
+    assert not unexplained, f"repeated file names with no reason: {unexplained}"
+    stale = set(REPEATED_FILE_NAMES) - repeated
+    assert not stale, f"REPEATED_FILE_NAMES names files no longer repeated: {stale}"

@@ -14,17 +14,19 @@ import pytest
 import requests
 from openai.types.responses import Response
 from ray import serve
-from rayrollout.environments.booking.env import BookingEnv
 
 from rayrollout.auth import RouteAuth, bearer_header, new_token, write_token_file
 from rayrollout.data.config import EnvironmentConfig
 from rayrollout.data.schema import Message
 from rayrollout.data.tasks import parse_task_row
-from rayrollout.environment import Episode
-from rayrollout.environment.nemo_gym.client import NemoGymConnections, episode_response
-from rayrollout.environment.server import environment_app
+from rayrollout.environments.booking.env import BookingEnv
+from rayrollout.envkit import Episode
+from rayrollout.envkit.nemo_gym.client import NemoGymConnections, episode_response
+from rayrollout.envkit.server import environment_app
 
-WEATHER_ROWS = Path(__file__).resolve().parents[1] / "environments/weather/tasks_nemo_gym.jsonl"
+WEATHER_ROWS = (
+    Path(__file__).resolve().parents[1] / "rayrollout/environments/weather/tasks_nemo_gym.jsonl"
+)
 TOKEN = new_token()
 AUTH = RouteAuth.bearer(TOKEN)
 
@@ -279,7 +281,7 @@ def test_a_served_environment_is_built_with_its_config_args_under_its_registered
     serve_session,
 ):
     from rayrollout.data.schema import Task
-    from rayrollout.environment.registry import environment_spec
+    from rayrollout.envkit.registry import environment_spec
 
     # GreeterEnv's class name is "greeter"; the spec's name is the one the app answers with.
     settings = EnvironmentConfig(path="fixture_envs:GreeterEnv", args={"greeting": "ahoy"})
@@ -337,7 +339,7 @@ async def test_a_forwarded_call_no_replica_took_is_sent_again_and_one_taken_neve
     import asyncio
     import concurrent.futures
 
-    from rayrollout.environment.nemo_gym import routes
+    from rayrollout.envkit.nemo_gym import routes
 
     monkeypatch.setattr(routes, "_ASSIGN_TIMEOUT_S", 0.05)
 

@@ -26,8 +26,8 @@ from rayrollout.cli.commands import app as cli_app
 from rayrollout.data.config import EnvironmentConfig
 from rayrollout.data.schema import Message
 from rayrollout.data.tasks import parse_task_row
-from rayrollout.environment import Episode
-from rayrollout.environment.nemo_gym.client import (
+from rayrollout.envkit import Episode
+from rayrollout.envkit.nemo_gym.client import (
     NemoGymConnections,
     NemoGymError,
     items_to_messages,
@@ -210,7 +210,7 @@ async def test_an_answer_after_retries_names_the_failed_attempt_before_it():
 
 async def test_a_server_with_neither_seed_session_nor_reset_is_named_as_neither_kind():
     """No /seed_session makes it a Gymnasium-style server; no /reset either fails its reset."""
-    from rayrollout.environment.reset_step import ResetStepError, reset_step_session
+    from rayrollout.envkit.reset_step import ResetStepError, reset_step_session
 
     pool = NemoGymConnections()
     with ResourcesServer(seeds=False) as server:

@@ -36,11 +36,11 @@ from pydantic import ValidationError  # noqa: E402
 from rayrollout import read_trajectories  # noqa: E402
 from rayrollout.cli.commands import app  # noqa: E402
 from rayrollout.data.schema import Message  # noqa: E402
-from rayrollout.environment.openenv.channel import Payload  # noqa: E402
-from rayrollout.environment.openenv.episode import OpenEnvEpisode  # noqa: E402
-from rayrollout.environment.openenv.inline import InlineChannel  # noqa: E402
-from rayrollout.environment.openenv.socket import SocketChannel  # noqa: E402
-from rayrollout.environment.reset_step import ResetStepError  # noqa: E402
+from rayrollout.envkit.openenv.channel import Payload  # noqa: E402
+from rayrollout.envkit.openenv.inline import InlineChannel  # noqa: E402
+from rayrollout.envkit.openenv.session import OpenEnvEpisode  # noqa: E402
+from rayrollout.envkit.openenv.socket import SocketChannel  # noqa: E402
+from rayrollout.envkit.reset_step import ResetStepError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_TURNS = 6
@@ -149,7 +149,7 @@ def openenv_run(tmp_path_factory, serve_session, servers):
     base = tmp_path_factory.mktemp("openenv")
     tasks = base / "tasks.jsonl"
     tasks.write_text("".join(json.dumps(r) + "\n" for how in ("url", "class") for r in rows(how)))
-    source = "rayrollout.environment.openenv:OpenEnvEnvironment"
+    source = "rayrollout.envkit.openenv:OpenEnvEnvironment"
     environments = {
         "counter_url": {"path": source, "args": {"url": servers["counter"]}},
         "guess_url": {"path": source, "args": {"url": servers["guess"]}},

@@ -7,16 +7,16 @@ import importlib.util
 import json
 
 import pytest
-from rayrollout.deployments.scripted.strategy import next_action
 from typer.testing import CliRunner
 
 from rayrollout.cli.commands import app
 from rayrollout.data.schema import Task
-from rayrollout.environment.openenv import OpenEnvEnvironment, OpenEnvError
-from rayrollout.environment.openenv.actions import json_action, observation_text, tool_output
-from rayrollout.environment.openenv.channel import ActionRejected
-from rayrollout.environment.openenv.socket import socket_url
-from rayrollout.environment.reset_step import ResetStepError
+from rayrollout.deployments.scripted.strategy import next_action
+from rayrollout.envkit.openenv import OpenEnvEnvironment, OpenEnvError
+from rayrollout.envkit.openenv.actions import json_action, observation_text, tool_output
+from rayrollout.envkit.openenv.channel import ActionRejected
+from rayrollout.envkit.openenv.socket import socket_url
+from rayrollout.envkit.reset_step import ResetStepError
 from rayrollout.errors import EnvironmentBoundaryError
 
 
@@ -92,7 +92,7 @@ def test_the_scripted_policy_calls_the_tools_a_prompt_scripts():
 
 
 def test_a_missing_class_is_found_in_the_source_without_running_the_module(tmp_path, monkeypatch):
-    from rayrollout.environment.openenv.checks import class_problem
+    from rayrollout.envkit.openenv.checks import class_problem
 
     (tmp_path / "slow_envs.py").write_text(
         "raise RuntimeError('importing me is slow and fails')\n\nclass GuessEnv:\n    pass\n"
@@ -108,7 +108,7 @@ def test_a_missing_class_is_found_in_the_source_without_running_the_module(tmp_p
 
 
 def test_a_module_that_makes_its_names_at_run_time_is_imported_to_be_checked(tmp_path, monkeypatch):
-    from rayrollout.environment.openenv.checks import class_problem
+    from rayrollout.envkit.openenv.checks import class_problem
 
     (tmp_path / "lazy_envs.py").write_text(
         "def __getattr__(name):\n    if name == 'GuessEnv':\n        return type(name, (), {})\n"

@@ -144,8 +144,8 @@ def test_a_target_that_does_not_import_is_refused_by_name(widgets, target, name,
 
 
 def test_every_registry_is_one_plugin_group_and_reads_no_entry_point_itself():
-    from rayrollout.agent import registry as agents
-    from rayrollout.environment import registry as environments
+    from rayrollout.agentkit import registry as agents
+    from rayrollout.envkit import registry as environments
     from rayrollout.policy import kinds
 
     groups = {
@@ -161,8 +161,8 @@ def test_every_registry_is_one_plugin_group_and_reads_no_entry_point_itself():
 
 
 def test_the_registries_find_the_packages_own_plugins():
-    from rayrollout.agent.registry import AGENTS
-    from rayrollout.environment.registry import ENVIRONMENTS
+    from rayrollout.agentkit.registry import AGENTS
+    from rayrollout.envkit.registry import ENVIRONMENTS
     from rayrollout.policy.kinds import POLICY_KINDS
 
     assert {"weather", "math"} <= set(ENVIRONMENTS.registered())

@@ -185,7 +185,7 @@ def test_responses_api_against_ray_serve_llm_is_refused_at_config_time():
     from rayrollout.data.config import ConfigError, load_config
     from rayrollout.policy.kinds import check_policy
 
-    vllm = {"kind": "vllm", "vllm_config": "deployments/vllm/cpu.yaml"}
+    vllm = {"kind": "vllm", "vllm_config": "rayrollout/deployments/vllm/cpu.yaml"}
     with pytest.raises(ConfigError, match=r"policy.*no /v1/responses.*api: chat"):
         check_policy(load_config(overrides={"policy": {**vllm, "api": "responses"}}))
     with pytest.raises(ConfigError, match=r"policy.*no /v1/responses.*api: chat"):
@@ -226,7 +226,7 @@ def test_kind_vllm_with_a_base_url_attaches_to_that_app_and_sends_it_the_policy_
     from rayrollout.auth import RouteAuth
     from rayrollout.data.config import ConfigError, RunConfig
     from rayrollout.engine.secret_env import workers_policy_key
-    from rayrollout.engine.services import prepare_policy
+    from rayrollout.engine.startup import prepare_policy
     from rayrollout.engine.weights import WeightSync
     from rayrollout.policy.kinds import check_policy, policy_kind
 

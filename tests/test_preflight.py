@@ -38,7 +38,7 @@ from rayrollout.api.preflight import probe_policy
 from rayrollout.api.rollout_engine import RolloutEngine
 from rayrollout.cli.commands import app
 from rayrollout.data.config import RunConfig
-from rayrollout.environment import Environment, Episode, Verification
+from rayrollout.envkit import Environment, Episode, Verification
 
 ROOT = Path(__file__).resolve().parents[1]
 RAYROLLOUT = Path(sys.executable).parent / "rayrollout"
@@ -353,7 +353,7 @@ def test_an_agent_path_that_does_not_import_is_refused_naming_it(tmp_path, start
     assert "agent 'no_such_module:Agent' in the 'agent' field of 1 row(s)" in line
     assert "cannot import agent 'no_such_module:Agent': No module named" in line
     line = refused(*collect(tasks, "--agent", "fixture_envs:EchoEnv"), starts)
-    assert "'fixture_envs:EchoEnv' is not a subclass of rayrollout.agent.Agent" in line
+    assert "'fixture_envs:EchoEnv' is not a subclass of rayrollout.agentkit.Agent" in line
 
 
 def test_known_agents_by_name_config_or_path_are_let_through(tmp_path, starts):
@@ -366,7 +366,7 @@ def test_known_agents_by_name_config_or_path_are_let_through(tmp_path, starts):
 
 
 def test_python_collect_of_a_file_checks_its_agents_and_rows_in_memory_do_not(tmp_path, starts):
-    from rayrollout.agent.registry import UnknownAgentError
+    from rayrollout.agentkit.registry import UnknownAgentError
 
     engine = RolloutEngine({"output": {"dir": str(tmp_path / "out")}})
     with pytest.raises(UnknownAgentError, match="unknown agent 'nope' in the 'agent' field"):
@@ -408,7 +408,7 @@ def source_rows(folder: Path, environment: str, *fields: dict[str, Any]) -> Path
 @pytest.fixture
 def gem_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     """GEM as installed, with the registry ``NEAR_IDS`` (GEM itself needs a venv of its own)."""
-    from rayrollout.environment.reset_step.gem import GemEnvironment
+    from rayrollout.envkit.reset_step.gem import GemEnvironment
 
     monkeypatch.setattr(GemEnvironment, "unavailable_reason", classmethod(lambda cls: None))
     monkeypatch.setattr(GemEnvironment, "known_ids", classmethod(lambda cls: NEAR_IDS))
@@ -434,7 +434,7 @@ def test_a_gem_id_that_is_not_registered_is_one_line_with_the_nearest_ids(
 
 
 def test_a_gem_id_in_the_config_and_a_bad_seed_in_a_row_are_refused(tmp_path, starts, gem_registry):
-    source = "rayrollout.environment.reset_step.gem:GemEnvironment"
+    source = "rayrollout.envkit.reset_step.gem:GemEnvironment"
     config = config_file(
         tmp_path,
         environments={"guess": {"path": source, "args": {"env_id": "game:Mastermnd-v0-easy"}}},
@@ -484,7 +484,7 @@ def test_a_skyrl_gym_env_class_that_is_not_registered_is_one_line_with_the_neare
 
 def test_a_skyrl_gym_env_id_in_the_config_that_is_not_registered_is_refused(tmp_path, starts):
     pytest.importorskip("skyrl_gym", reason="skyrl-gym is not installed")
-    source = "rayrollout.environment.reset_step.skyrl_gym:SkyrlGymEnvironment"
+    source = "rayrollout.envkit.reset_step.skyrl_gym:SkyrlGymEnvironment"
     config = config_file(
         tmp_path, environments={"sql": {"path": source, "args": {"env_id": "text2sq"}}}
     )
@@ -498,7 +498,7 @@ def test_a_skyrl_gym_env_id_in_the_config_that_is_not_registered_is_refused(tmp_
     )
 
 
-OPENENV = "rayrollout.environment.openenv:OpenEnvEnvironment"
+OPENENV = "rayrollout.envkit.openenv:OpenEnvEnvironment"
 
 
 def openenv_config(folder: Path, **args: Any) -> Path:

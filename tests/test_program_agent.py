@@ -19,8 +19,8 @@ from test_gateway import KEY, weather_episode
 from typer.testing import CliRunner
 
 from rayrollout import read_trajectories
-from rayrollout.agent import OutOfTurns
-from rayrollout.agent.registry import agent_spec
+from rayrollout.agentkit import OutOfTurns
+from rayrollout.agentkit.registry import agent_spec
 from rayrollout.auth import RouteAuth
 from rayrollout.cli.commands import app
 
@@ -164,6 +164,7 @@ def test_faulty_programs_end_only_their_episode_and_leave_no_process(tmp_path, s
 @pytest.fixture(scope="module")
 def policy_url(serve_session):
     from ray import serve
+
     from rayrollout.deployments.scripted import scripted_policy_app
 
     serve.run(

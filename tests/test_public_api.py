@@ -112,7 +112,7 @@ def test_the_docs_import_only_public_names():
 
 
 def test_the_docs_name_public_things_by_their_public_path():
-    """``rayrollout.agent.EpisodeEnd`` in a page tells a reader to import an internal
+    """``rayrollout.agentkit.EpisodeEnd`` in a page tells a reader to import an internal
     module: a public name is written ``rayrollout.EpisodeEnd``."""
     problems = []
     for path in DOC_FILES:
@@ -176,11 +176,11 @@ def every_exception_class() -> list[type[BaseException]]:
 # Control flow between an agent and the engine, never raised past the episode: the engine
 # turns them into the trajectory's status; not errors a caller sees.
 NOT_ERRORS = {
-    "rayrollout.agent.contract.EpisodeEnd",
-    "rayrollout.agent.contract.OutOfTurns",
+    "rayrollout.agentkit.contract.EpisodeEnd",
+    "rayrollout.agentkit.contract.OutOfTurns",
     # The gateway's HTTP answer other than 200, raised in a route and turned into that
     # answer by its middleware: control flow inside one server, never seen by a caller.
-    "rayrollout.agent.gateway._HttpError",
+    "rayrollout.agentkit.gateway._HttpError",
     # The same for the rollout service's routes (rayrollout/api/service/routes.py).
     "rayrollout.api.service.engine_link.HttpError",
 }
@@ -236,7 +236,7 @@ def test_every_public_error_imports_from_rayrollout():
     [
         ("rayrollout.data.config:ConfigError", ValueError),
         ("rayrollout.data.tasks:InvalidTaskError", ValueError),
-        ("rayrollout.environment.registry:UnknownEnvironmentError", LookupError),
+        ("rayrollout.envkit.registry:UnknownEnvironmentError", LookupError),
         ("rayrollout.policy.client:PolicyError", RuntimeError),
         ("rayrollout.api.rollout_engine:EngineExistsError", RuntimeError),
         ("rayrollout.api.cluster:ServiceNotFoundError", LookupError),

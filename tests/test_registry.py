@@ -8,15 +8,15 @@ from fixture_envs import CounterEnv, GreeterEnv
 from rayrollout import plugins
 from rayrollout.data.config import EnvironmentConfig, RunConfig
 from rayrollout.data.schema import Message, Task
-from rayrollout.environment import Environment, Episode, ToolResult, Verification, registry, tool
-from rayrollout.environment.nemo_gym.client import NemoGymConnections, RemoteSession
-from rayrollout.environment.registry import (
+from rayrollout.envkit import Environment, Episode, ToolResult, Verification, registry, tool
+from rayrollout.envkit.nemo_gym.client import NemoGymConnections, RemoteSession
+from rayrollout.envkit.registry import (
     DuplicateEnvironmentError,
     EnvironmentArgsError,
     UnknownEnvironmentError,
     environment_spec,
 )
-from rayrollout.environment.sessions import EnvSession, InlineSession, ServeSession
+from rayrollout.envkit.sessions import EnvSession, InlineSession, ServeSession
 
 GREETER = "fixture_envs:GreeterEnv"
 WEATHER = "rayrollout.environments.weather.env:WeatherEnv"
@@ -38,7 +38,7 @@ async def test_an_inline_session_is_built_with_the_config_args():
     config = RunConfig.model_validate(
         {"environments": {"ahoy": {"path": GREETER, "args": {"greeting": "ahoy"}}}}
     )
-    from rayrollout.engine.episode import EpisodeSpec
+    from rayrollout.engine.episode_frame import EpisodeSpec
     from rayrollout.engine.worker import WorkerRunner
 
     runner = WorkerRunner("worker:test", config, "http://127.0.0.1:1/v1")
@@ -62,7 +62,7 @@ async def test_hosting_is_looked_up_by_the_registered_name_not_the_class_name():
             }
         }
     )
-    from rayrollout.engine.episode import EpisodeSpec
+    from rayrollout.engine.episode_frame import EpisodeSpec
     from rayrollout.engine.worker import WorkerRunner
 
     runner = WorkerRunner("worker:test", config, "http://127.0.0.1:1/v1")

@@ -20,9 +20,9 @@ from rayrollout import read_trajectories
 from rayrollout.cli.commands import app
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import Message, Task, Trajectory, Turn, trajectory_arrow_schema
-from rayrollout.environment import Episode
-from rayrollout.environment.reset_step import ResetStepError, reset_step_session
-from rayrollout.environment.sessions import InlineSession
+from rayrollout.envkit import Episode
+from rayrollout.envkit.reset_step import ResetStepError, reset_step_session
+from rayrollout.envkit.sessions import InlineSession
 
 
 def invoke(*args):

@@ -24,11 +24,11 @@ from rayrollout.cli.progress import reward_text, summary_table
 from rayrollout.cli.report import render_report
 from rayrollout.data.config import EnvironmentConfig
 from rayrollout.data.schema import Message, Task, Trajectory, Turn
-from rayrollout.engine.figures import RunSnapshot
 from rayrollout.engine.groups import Group
+from rayrollout.engine.run_figures import RunSnapshot
 from rayrollout.engine.stats import EnvStats
-from rayrollout.environment import Episode, Verification
-from rayrollout.environment.nemo_gym.client import NemoGymConnections, NemoGymError
+from rayrollout.envkit import Episode, Verification
+from rayrollout.envkit.nemo_gym.client import NemoGymConnections, NemoGymError
 
 SCHEDULES = {"swing": [-1.0, 3.0], "steady": [3.0]}  # 2 samples each: -1 and 3; 3 and 3
 

@@ -69,7 +69,7 @@ _RAY_CHECK = textwrap.dedent(
 
     import ray
     from rayrollout.data.config import RunConfig
-    from rayrollout.engine.services import ensure_ray, ensure_serve
+    from rayrollout.engine.startup import ensure_ray, ensure_serve
 
     config = RunConfig.model_validate(
         {"namespace": "auth-check", "ray": {"num_cpus": 1, "serve_port": int(sys.argv[1])}}

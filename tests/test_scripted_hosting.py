@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 import ray
-from rayrollout.deployments.scripted.kind import build_scripted_app
-from rayrollout.deployments.scripted.protocol import chat_answer
 
 from rayrollout.api.rollout_engine import RolloutEngine
 from rayrollout.auth import RouteAuth
 from rayrollout.data.config import ConfigError, RunConfig
+from rayrollout.deployments.scripted.kind import build_scripted_app
+from rayrollout.deployments.scripted.protocol import chat_answer
 from rayrollout.policy.kinds import OwnServer
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]

@@ -95,7 +95,7 @@ import json, os
 from pathlib import Path
 import ray
 from rayrollout.data.config import RunConfig
-from rayrollout.engine.services import ensure_ray
+from rayrollout.engine.startup import ensure_ray
 
 config = RunConfig.model_validate(
     {"namespace": "scrub-test", "ray": {"num_cpus": 2}, "policy": {"api_key_env": "MY_POLICY_CRED"}}

@@ -9,9 +9,9 @@ import pytest
 
 from rayrollout.auth import RouteAuth, new_token
 from rayrollout.data.schema import Message, Task
-from rayrollout.environment import Episode
-from rayrollout.environment.serve_batching import BatchingHandle
-from rayrollout.environment.server import environment_app
+from rayrollout.envkit import Episode
+from rayrollout.envkit.serve_batching import BatchingHandle
+from rayrollout.envkit.server import environment_app
 
 APP = "batching-tests.env.faulty"
 

@@ -84,7 +84,7 @@ def expected(prefix: str, tasks: int, n: int) -> Counter[tuple[str, int]]:
 def test_the_service_is_found_by_name_on_loopback(service):
     import ray
 
-    from rayrollout.api.service.actor import SERVICE_NAME
+    from rayrollout.api.service.service_actor import SERVICE_NAME
 
     assert service["url"].startswith("http://127.0.0.1:")
     described = ray.get(ray.get_actor(SERVICE_NAME, namespace=NAMESPACE).describe.remote())
@@ -312,7 +312,7 @@ def test_nemo_gym_routes_go_without_a_token_only_where_the_config_says(service):
     import ray
     from pydantic import SecretStr
 
-    from rayrollout.api.service.actor import ServiceActor
+    from rayrollout.api.service.service_actor import ServiceActor
 
     settings = {"nemo_gym_run_without_token": True, "port": 0}
     config = service["config"].model_copy(
@@ -348,7 +348,7 @@ def test_a_submit_past_max_open_batches_is_a_429_that_the_client_raises_and_noth
     import ray
     from pydantic import SecretStr
 
-    from rayrollout.api.service.actor import ServiceActor
+    from rayrollout.api.service.service_actor import ServiceActor
     from rayrollout.client import ServiceBusyError
 
     settings = {"max_open_batches": 1, "port": 0}

@@ -23,13 +23,13 @@ from netutil import free_port
 
 from rayrollout import RunConfig
 from rayrollout.api.cluster import down, service_url, start_detached
-from rayrollout.api.service.actor import SERVICE_NAME
 from rayrollout.api.service.journal import OpenJournalsError, journal_root
+from rayrollout.api.service.service_actor import SERVICE_NAME
 from rayrollout.auth import read_token_file
 from rayrollout.client import RolloutClient
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import Trajectory
-from rayrollout.engine.actor import ENGINE_NAME
+from rayrollout.engine.engine_actor import ENGINE_NAME
 from rayrollout.engine.secret_env import route_token_path
 
 TASKS, N = 20, 2

@@ -8,8 +8,8 @@ import pytest
 from fixture_envs import SleepyEnv
 
 from rayrollout.data.schema import Message, Task
-from rayrollout.environment import Episode
-from rayrollout.environment.session_store import SessionNotOpen, SessionStore
+from rayrollout.envkit import Episode
+from rayrollout.envkit.session_store import SessionNotOpen, SessionStore
 
 
 class ClosingEnv(SleepyEnv):

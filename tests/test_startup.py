@@ -120,7 +120,7 @@ from rayrollout.data.config import load_config
 from rayrollout.api.collect import plan_collect
 from rayrollout.api.rollout_engine import RolloutEngine
 from rayrollout.cli.progress import RunProgress
-from rayrollout.engine.services import ensure_ray, prepare_policy
+from rayrollout.engine.startup import ensure_ray, prepare_policy
 from rayrollout.policy.kinds import policy_kind
 policy_kind("openai"), policy_kind("scripted")
 print(json.dumps(sorted(m for m in sys.modules if m in ("ray.serve", "fastapi", "pandas"))))

@@ -3,7 +3,7 @@ from rich.console import Console
 
 from rayrollout.cli.progress import summary_table
 from rayrollout.data.schema import EpisodeMetrics, Trajectory
-from rayrollout.engine.figures import RunSnapshot
+from rayrollout.engine.run_figures import RunSnapshot
 from rayrollout.engine.stats import RunStats
 
 

@@ -349,8 +349,8 @@ def test_audio_in_metadata_is_refused():
     ],
 )
 def test_a_nemo_gym_rows_agent_ref_names_the_agent_that_plays_it_by_url(extra, agent):
-    from rayrollout.agent.registry import resolve_agent
-    from rayrollout.environment.nemo_gym.client import RemoteEnvironment
+    from rayrollout.agentkit.registry import resolve_agent
+    from rayrollout.envkit.nemo_gym.client import RemoteEnvironment
 
     row = {"responses_create_params": {"input": "Deal me in."}, **extra}
     task = parse_task_row(row, default_environment="blackjack")
@@ -361,8 +361,8 @@ def test_a_nemo_gym_rows_agent_ref_names_the_agent_that_plays_it_by_url(extra, a
 
 
 def test_rows_opened_by_their_server_or_by_nemo_gyms_agent_name_the_agent_that_can():
-    from rayrollout.agent.registry import resolve_agent
-    from rayrollout.environment.nemo_gym.client import RemoteEnvironment
+    from rayrollout.agentkit.registry import resolve_agent
+    from rayrollout.envkit.nemo_gym.client import RemoteEnvironment
 
     seeded = parse_task_row(
         {"responses_create_params": {"input": []}, "task_idx": 3}, default_environment="aviary"
@@ -378,9 +378,8 @@ def test_rows_opened_by_their_server_or_by_nemo_gyms_agent_name_the_agent_that_c
 async def test_a_usersim_row_is_refused_by_the_nemo_gym_agent_before_anything_is_sent():
     from types import SimpleNamespace
 
+    from rayrollout.agentkit import EpisodeEnd
     from rayrollout.agents.nemo_gym import NemoGymAgent
-
-    from rayrollout.agent import EpisodeEnd
 
     row = {"task_id": "u-1", "resolved_row": {"persona": {}, "probe_type": "open"}}
     task = parse_task_row(row, default_environment="gym")

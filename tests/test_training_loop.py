@@ -280,9 +280,8 @@ def test_vllm_backend_without_control_endpoints_says_how_to_deploy_them(trainer,
     """The scripted app answers 404 on /pause, like a vLLM app deployed without them."""
     import asyncio
 
-    from rayrollout.deployments.vllm.kind import VllmWeights
-
     from rayrollout.auth import read_token_file
+    from rayrollout.deployments.vllm.kind import VllmWeights
     from rayrollout.engine.secret_env import route_token_path
     from rayrollout.engine.weights import WeightUpdateError
 
@@ -298,12 +297,13 @@ def test_vllm_backend_without_control_endpoints_says_how_to_deploy_them(trainer,
 def test_control_endpoints_install_the_weight_reload_worker_extension():
     from rayrollout.deployments.vllm.app import llm_config_kwargs, load_vllm_config
 
-    config = load_vllm_config(ROOT / "deployments/vllm/cpu.yaml")
+    config = load_vllm_config(ROOT / "rayrollout/deployments/vllm/cpu.yaml")
     assert "worker_extension_cls" not in llm_config_kwargs(config, "m")["engine_kwargs"]
     with_control = config.model_copy(update={"control_endpoints": True})
     engine = llm_config_kwargs(with_control, "m")["engine_kwargs"]
     assert (
-        engine["worker_extension_cls"] == "rayrollout.deployments.vllm.worker.WeightReloadExtension"
+        engine["worker_extension_cls"]
+        == "rayrollout.deployments.vllm.weight_reload.WeightReloadExtension"
     )
 
 

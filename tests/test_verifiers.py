@@ -19,7 +19,7 @@ vf = pytest.importorskip("verifiers", reason="verifiers is not installed: see .c
 
 from rayrollout import read_trajectories  # noqa: E402
 from rayrollout.cli.commands import app  # noqa: E402
-from rayrollout.environment.verifiers import load_verifiers_environment  # noqa: E402
+from rayrollout.envkit.verifiers import load_verifiers_environment  # noqa: E402
 
 CALL = {"tool": "multiply", "arguments": {"a": 6, "b": 7}}
 

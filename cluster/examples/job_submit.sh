@@ -8,12 +8,12 @@ export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}
 ADDRESS=${ADDRESS:-http://127.0.0.1:8265}
 
 ray job submit --address "$ADDRESS" --working-dir . -- \
-    rayrollout collect environments/weather/tasks.jsonl --num-repeats 4 \
+    rayrollout collect rayrollout/environments/weather/tasks.jsonl --num-repeats 4 \
     --config cluster/examples/cluster.yaml
 
 # Long-lived services instead: up once, collect (attaches) many times, down at the end.
 ray job submit --address "$ADDRESS" --working-dir . -- rayrollout up --config cluster/examples/cluster.yaml
 ray job submit --address "$ADDRESS" --working-dir . -- \
-    rayrollout collect environments/weather/tasks.jsonl --config cluster/examples/cluster.yaml
+    rayrollout collect rayrollout/environments/weather/tasks.jsonl --config cluster/examples/cluster.yaml
 ray job submit --address "$ADDRESS" -- rayrollout status --namespace rollouts-prod
 ray job submit --address "$ADDRESS" -- rayrollout down --namespace rollouts-prod

@@ -33,16 +33,16 @@ from pydantic import SecretStr
 from ray import serve
 
 from rayrollout.api.rollout_engine import EngineExistsError, RolloutEngine
-from rayrollout.api.service.actor import ENGINE_WAIT_S, SERVICE_NAME, ServiceActor
 from rayrollout.api.service.journal import refuse_open_journals
+from rayrollout.api.service.service_actor import ENGINE_WAIT_S, SERVICE_NAME, ServiceActor
 from rayrollout.auth import read_token_file
 from rayrollout.data.config import RunConfig
-from rayrollout.engine.actor import ENGINE_NAME
+from rayrollout.engine.engine_actor import ENGINE_NAME
 from rayrollout.engine.placement import cpu_actor_options
 from rayrollout.engine.secret_env import route_token_path
-from rayrollout.engine.services import ensure_ray, policy_app_name
+from rayrollout.engine.startup import ensure_ray, policy_app_name
 from rayrollout.engine.worker import WORKER_PREFIX
-from rayrollout.environment.server import environment_app_name
+from rayrollout.envkit.server import environment_app_name
 from rayrollout.errors import ClusterError
 
 __all__ = [

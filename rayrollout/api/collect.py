@@ -55,7 +55,7 @@ from rayrollout.data.tasks import (
     check_rows,
     iter_task_rows,
 )
-from rayrollout.engine.figures import RunSnapshot
+from rayrollout.engine.run_figures import RunSnapshot
 from rayrollout.engine.stats import EnvStats
 from rayrollout.policy.kinds import check_policy
 

@@ -21,7 +21,7 @@ from rayrollout.data.config import RunConfig
 from rayrollout.data.run_folder import REJECTS_FILE, RunFolder
 from rayrollout.data.schema import Task
 from rayrollout.data.tasks import CheckedRow, InvalidTaskError, UniqueTaskIds
-from rayrollout.engine.episode import EpisodeSpec
+from rayrollout.engine.episode_frame import EpisodeSpec
 from rayrollout.errors import InputError
 
 __all__ = [

@@ -24,8 +24,8 @@ from typing import Any
 
 import orjson
 
-from rayrollout.agent.registry import ENTRY_POINT_GROUP as AGENT_ENTRY_POINT_GROUP
-from rayrollout.agent.registry import (
+from rayrollout.agentkit.registry import ENTRY_POINT_GROUP as AGENT_ENTRY_POINT_GROUP
+from rayrollout.agentkit.registry import (
     AgentArgsError,
     UnknownAgentError,
     agent_spec,
@@ -34,8 +34,8 @@ from rayrollout.agent.registry import (
 )
 from rayrollout.data.config import ConfigError, RunConfig
 from rayrollout.data.schema import Task
-from rayrollout.environment.contract import Environment
-from rayrollout.environment.registry import (
+from rayrollout.envkit.contract import Environment
+from rayrollout.envkit.registry import (
     ENTRY_POINT_GROUP,
     EnvironmentArgsError,
     UnknownEnvironmentError,
@@ -407,7 +407,7 @@ class _EnvironmentClasses:
             settings = self.config.environment_config(name)
             found: type[Environment] | None = None
             if settings.url is not None:
-                from rayrollout.environment.nemo_gym.client import RemoteEnvironment
+                from rayrollout.envkit.nemo_gym.client import RemoteEnvironment
 
                 found = RemoteEnvironment
             else:

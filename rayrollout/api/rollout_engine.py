@@ -47,12 +47,12 @@ from rayrollout.auth import RouteAuth, new_token, write_token_file
 from rayrollout.data.config import ConfigError, RunConfig
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import Trajectory
-from rayrollout.engine.actor import ENGINE_NAME, EngineActor, start_workers
-from rayrollout.engine.episode import EpisodeSpec
-from rayrollout.engine.figures import RunSnapshot
+from rayrollout.engine.engine_actor import ENGINE_NAME, EngineActor, start_workers
+from rayrollout.engine.episode_frame import EpisodeSpec
 from rayrollout.engine.placement import cpu_actor_options
+from rayrollout.engine.run_figures import RunSnapshot
 from rayrollout.engine.secret_env import route_token_path, workers_policy_key
-from rayrollout.engine.services import ensure_ray, prepare_policy
+from rayrollout.engine.startup import ensure_ray, prepare_policy
 from rayrollout.engine.worker import worker_name
 from rayrollout.errors import ClusterError, RayrolloutError
 from rayrollout.policy.kinds import check_policy, policy_kind

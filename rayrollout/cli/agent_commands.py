@@ -19,8 +19,8 @@ from rayrollout.cli.common import console, fail, overrides
 # The registry, the engine's episode and the policy client load in the command that needs
 # them, not at import: `--help` should cost nothing (tests/test_startup.py).
 if TYPE_CHECKING:
-    from rayrollout.agent import Agent
-    from rayrollout.agent.episode import GatewayOpener
+    from rayrollout.agentkit import Agent
+    from rayrollout.agentkit.episode import GatewayOpener
     from rayrollout.data.config import RunConfig
     from rayrollout.data.schema import Task, Trajectory, Turn
     from rayrollout.policy.protocol import Policy
@@ -38,7 +38,7 @@ def agent_list() -> None:
     """List registered agents (the 'rayrollout.agents' entry point) with what each does."""
     from rich.table import Table
 
-    from rayrollout.agent.registry import UnknownAgentError, registered_agents
+    from rayrollout.agentkit.registry import UnknownAgentError, registered_agents
 
     # Two columns, the target under what the agent does: a target is up to ~50 characters,
     # and beside it in a column of its own the description had no room within 80 columns.
@@ -164,7 +164,7 @@ def _build(name: str, config: RunConfig) -> Agent:
     name or args that do not fit its signature are the registry's one-line errors; a
     constructor that refuses its args' values (a ``ValueError``) is one line too, exit 2,
     where a run would fail each of its episodes with it."""
-    from rayrollout.agent.registry import agent_spec
+    from rayrollout.agentkit.registry import agent_spec
     from rayrollout.errors import RayrolloutError
 
     spec = agent_spec(name, config.agent_config(name))
@@ -191,8 +191,8 @@ def _tasks(config: RunConfig, path: Path | None, limit: int) -> list[Task]:
         environment_known,
     )
     from rayrollout.data.tasks import read_tasks
-    from rayrollout.environment.registry import environment_spec
-    from rayrollout.environment.testing import environment_folder
+    from rayrollout.envkit.registry import environment_spec
+    from rayrollout.envkit.testing import environment_folder
 
     check_default_environment(config)
     if path is not None:
@@ -230,7 +230,7 @@ async def _play_all(
     """Play each task once, in order, against one policy client; every episode a row. The
     recording gateway is there for agents that run a program (it binds a loopback port
     only when an episode opens it), as in a worker actor."""
-    from rayrollout.agent.gateway import Gateway
+    from rayrollout.agentkit.gateway import Gateway
     from rayrollout.policy.client import PolicyClient
 
     base_url = config.policy.base_url
@@ -273,9 +273,9 @@ async def _play_one(
 ) -> Trajectory:
     """One episode as a worker actor plays it, with the environment inline: built with its
     config args; a class that cannot be built ends the episode 'error', as in a run."""
-    from rayrollout.engine.episode import EpisodeSpec, failed_trajectory, run_episode
-    from rayrollout.environment.registry import environment_spec
-    from rayrollout.environment.sessions import InlineSession
+    from rayrollout.engine.episode_frame import EpisodeSpec, failed_trajectory, run_episode
+    from rayrollout.envkit.registry import environment_spec
+    from rayrollout.envkit.sessions import InlineSession
 
     spec = EpisodeSpec(task)
     env_name = task.environment

@@ -61,7 +61,7 @@ def _cluster_config(
 
     run_config = load_config(config, overrides(namespace=namespace, ray__address=address, **flags))
     if join:
-        from rayrollout.engine.services import ensure_ray
+        from rayrollout.engine.startup import ensure_ray
 
         ensure_ray(run_config)
     return run_config
@@ -136,7 +136,7 @@ def _attached(
     namespace and the address joined (None: no cluster is up; nothing was joined).
     ``report`` ends the command with a message and an exit code."""
     from rayrollout.api.cluster import running_namespaces
-    from rayrollout.engine.services import attach_ray
+    from rayrollout.engine.startup import attach_ray
 
     run_config = _cluster_config(config, namespace, address, join=False)
     try:

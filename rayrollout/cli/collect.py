@@ -22,7 +22,7 @@ from rayrollout.cli.console_log import routed_logs
 if TYPE_CHECKING:
     from rayrollout.api.collect import CollectPlan
     from rayrollout.data.config import RunConfig
-    from rayrollout.engine.figures import RunSnapshot
+    from rayrollout.engine.run_figures import RunSnapshot
 
 # rayrollout.data.run_folder.REJECTS_FILE, spelled out for --help (tests/test_startup.py)
 _REJECTS_FILE = "_rejects.jsonl"
@@ -205,7 +205,7 @@ _BASE_URL = typer.Option(
 )
 _POLICY_CONFIG = typer.Option(
     "--policy-config",
-    help="Deploy vLLM on Ray Serve LLM from this file (deployments/vllm/cpu.yaml).",
+    help="Deploy vLLM on Ray Serve LLM from this file (rayrollout/deployments/vllm/cpu.yaml).",
 )
 _MODEL = typer.Option(
     "--model",

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rayrollout.environment.registry import available_environments
+from rayrollout.envkit.registry import available_environments
 
 if TYPE_CHECKING:
     from rayrollout.data.config import RunConfig

@@ -1,7 +1,7 @@
 """``rayrollout env list|test|serve|nemo-gym-config|tasks``: one environment at a time, by
 its registered name or a ``module:Class`` path; an unknown name is an input error (exit 2).
 
-``test`` runs its verifier cases and tool tests (``rayrollout.environment.testing``),
+``test`` runs its verifier cases and tool tests (``rayrollout.envkit.testing``),
 ``serve`` puts it behind NeMo Gym's resources-server HTTP protocol on Ray Serve.
 """
 
@@ -40,7 +40,7 @@ def env_list() -> None:
     """List registered environments with their source, hosting mode and tools."""
     from rich.table import Table
 
-    from rayrollout.environment.registry import (
+    from rayrollout.envkit.registry import (
         UnknownEnvironmentError,
         available_environments,
         load_environment,
@@ -86,8 +86,8 @@ def env_test(
 
     from rich.table import Table
 
-    from rayrollout.environment.registry import configured_environment
-    from rayrollout.environment.testing import (
+    from rayrollout.envkit.registry import configured_environment
+    from rayrollout.envkit.testing import (
         CASES_FILE,
         environment_folder,
         missing_test_packages,
@@ -214,9 +214,9 @@ def env_serve(
 
     from rayrollout.auth import RouteAuth
     from rayrollout.data.config import RunConfig
-    from rayrollout.engine.services import ensure_ray, ensure_serve
-    from rayrollout.environment.registry import configured_environment
-    from rayrollout.environment.server import environment_app, environment_app_name
+    from rayrollout.engine.startup import ensure_ray, ensure_serve
+    from rayrollout.envkit.registry import configured_environment
+    from rayrollout.envkit.server import environment_app, environment_app_name
 
     if not route_prefix.startswith("/"):
         fail(f"--route-prefix must start with '/', got {route_prefix!r}", 2)
@@ -334,12 +334,12 @@ def env_nemo_gym_config(
     """
     import yaml
 
-    from rayrollout.environment.nemo_gym.config import (
+    from rayrollout.envkit.nemo_gym.ng_run_config import (
         nemo_gym_root,
         resources_server_block,
         simple_agent_block,
     )
-    from rayrollout.environment.registry import load_environment
+    from rayrollout.envkit.registry import load_environment
 
     env_cls = load_environment(name)
     server = f"rayrollout_{env_cls.name}"
@@ -367,7 +367,7 @@ def env_tasks(
     seed: Annotated[int, typer.Option("--seed", help="Generator seed.")] = 0,
 ) -> None:
     """Print generated task rows as JSONL (e.g. reasoning_gym's procedural datasets)."""
-    from rayrollout.environment.registry import load_environment
+    from rayrollout.envkit.registry import load_environment
 
     env_cls = load_environment(name)
     generate = getattr(env_cls, "generate_tasks", None)

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.text import Text
 
 from rayrollout.data.run_folder import RunFolder
-from rayrollout.engine.figures import RunSnapshot
+from rayrollout.engine.run_figures import RunSnapshot
 from rayrollout.engine.stats import EnvStats
 
 __all__ = [

@@ -23,7 +23,7 @@ from rich.table import Table
 
 from rayrollout.cli.console_log import logs_routed
 from rayrollout.cli.failures import failed_count
-from rayrollout.engine.figures import RunSnapshot
+from rayrollout.engine.run_figures import RunSnapshot
 from rayrollout.engine.stats import EnvStats
 
 __all__ = ["RunProgress", "reward_text", "summary_table"]

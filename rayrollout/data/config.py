@@ -423,7 +423,7 @@ class RunConfig(_Config):
 
     def agent_of(self, task_agent: str | None) -> str:
         """The agent a task names, else the run's, else the built-in loop, leaving out the
-        environment's own default: ``rayrollout.agent.registry.resolve_agent`` is the whole
+        environment's own default: ``rayrollout.agentkit.registry.resolve_agent`` is the whole
         order, and what plays an episode."""
         return task_agent or self.agent or DEFAULT_AGENT
 

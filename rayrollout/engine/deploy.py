@@ -12,8 +12,8 @@ from collections.abc import Iterable
 
 from rayrollout.auth import RouteAuth
 from rayrollout.data.config import RunConfig
-from rayrollout.environment.registry import EnvironmentSpec, environment_spec
-from rayrollout.environment.sessions import resolve_hosting
+from rayrollout.envkit.registry import EnvironmentSpec, environment_spec
+from rayrollout.envkit.sessions import resolve_hosting
 
 __all__ = ["EnvironmentDeployer"]
 
@@ -60,8 +60,8 @@ class EnvironmentDeployer:
                 # and a run with only inline or URL environments never needs them.
                 from ray import serve
 
-                from rayrollout.engine.services import ensure_serve
-                from rayrollout.environment.server import (
+                from rayrollout.engine.startup import ensure_serve
+                from rayrollout.envkit.server import (
                     environment_app,
                     environment_app_name,
                     environment_deployment_options,

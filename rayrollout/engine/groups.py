@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field
 
 from rayrollout.data.figures import Figures
 from rayrollout.data.schema import Task, Trajectory
-from rayrollout.engine.episode import EpisodeSpec
+from rayrollout.engine.episode_frame import EpisodeSpec
 
 __all__ = ["SPREAD_TOLERANCE", "GenerateResult", "Group", "SamplingCounts", "generate_groups"]
 

@@ -15,19 +15,19 @@ from typing import Any
 import ray
 from pydantic import SecretStr
 
-from rayrollout.agent import Agent
-from rayrollout.agent.episode import GatewayOpener
-from rayrollout.agent.gateway import Gateway
-from rayrollout.agent.registry import agent_spec, resolve_agent
+from rayrollout.agentkit import Agent
+from rayrollout.agentkit.episode import GatewayOpener
+from rayrollout.agentkit.gateway import Gateway
+from rayrollout.agentkit.registry import agent_spec, resolve_agent
 from rayrollout.data.config import RunConfig
 from rayrollout.engine.chunks import ChunkRows
-from rayrollout.engine.episode import EpisodeSpec, failed_trajectory, run_episode
+from rayrollout.engine.episode_frame import EpisodeSpec, failed_trajectory, run_episode
 from rayrollout.engine.feeding import worker_share
-from rayrollout.environment import Environment
-from rayrollout.environment.nemo_gym.client import NemoGymConnections, RemoteEnvironment
-from rayrollout.environment.registry import environment_spec
-from rayrollout.environment.serve_batching import BatchingHandle
-from rayrollout.environment.sessions import (
+from rayrollout.envkit import Environment
+from rayrollout.envkit.nemo_gym.client import NemoGymConnections, RemoteEnvironment
+from rayrollout.envkit.registry import environment_spec
+from rayrollout.envkit.serve_batching import BatchingHandle
+from rayrollout.envkit.sessions import (
     EnvSession,
     InlineSession,
     ServeSession,
@@ -147,7 +147,7 @@ class WorkerRunner:
             # never touches them (its first episode starts that much sooner).
             from ray import serve
 
-            from rayrollout.environment.server import environment_app_name
+            from rayrollout.envkit.server import environment_app_name
 
             # Serve's first import in a process sets its logger to INFO, so a level set in
             # the constructor was undone here, and each worker's router lines ("Started

@@ -445,7 +445,7 @@ class PolicyClient:
         return DeltaRenderer(tokenize, kwargs)
 
 
-# vLLM's token-in route, next to the base URL's /v1 (deployments/vllm/token_route.py on a
+# vLLM's token-in route, next to the base URL's /v1 (rayrollout/deployments/vllm/token_route.py on a
 # 'vllm' deployment; vLLM's own server with --enable-scale-out).
 GENERATE_PATH = "/inference/v1/generate"
 _RETRY_ERROR_CHARS = 120  # per failed try on a turn: enough to tell a 500 from a timeout

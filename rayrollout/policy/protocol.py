@@ -1,6 +1,6 @@
 """``Policy``: what the episode loop needs of a policy, as a protocol.
 
-The episode loop (``rayrollout.engine.episode``) calls ``complete`` once per turn and reads
+The episode loop (``rayrollout.engine.episode_frame``) calls ``complete`` once per turn and reads
 the model name from ``config``; nothing else. ``PolicyClient`` satisfies it (with or
 without the worker's ``PolicyGate``), and so does any stand-in a test or a benchmark hands
 the loop (a policy that always fails, a canned one), without subclassing the client.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from rayrollout.environment import Environment, Episode, Verification, tool
+from rayrollout.envkit import Environment, Episode, Verification, tool
 
 
 class SlowEnv(Environment):

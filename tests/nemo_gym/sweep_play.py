@@ -68,7 +68,7 @@ class Sweep:
     def start_policy(self) -> None:
         from rayrollout.auth import RouteAuth
         from rayrollout.data.config import RunConfig
-        from rayrollout.engine.services import deploy_policy, ensure_ray
+        from rayrollout.engine.startup import deploy_policy, ensure_ray
 
         # The model NeMo Gym's servers call (their stub block sends "unused" as its key), in
         # a namespace of its own: each RolloutEngine deploys its own policy with its token.

@@ -1,5 +1,5 @@
 """NeMo Gym's own ``simple_agent`` as the agent of a ``rayrollout collect``: the ``nemo_gym``
-agent (agents/nemo_gym.py) and the gateway front (rayrollout/agent/gateway_front.py).
+agent (rayrollout/agents/nemo_gym.py) and the gateway front (rayrollout/agentkit/gateway_front.py).
 
 ``ng_run`` starts NeMo Gym 0.7.0's ``simple_agent``, its ``openai_model`` model server
 (``openai_base_url``: the front's port) and a rayrollout environment as resources server;
@@ -22,13 +22,13 @@ from ngrun import NemoGymRun, free_port, front_model_block
 from typer.testing import CliRunner
 
 from rayrollout import read_trajectories
-from rayrollout.agent.gateway_front import (
+from rayrollout.agentkit.gateway_front import (
     GATEWAY_FIELD,
     KEY_FIELD,
 )
 from rayrollout.cli.commands import app as cli_app
 from rayrollout.cli.env_commands import descendants
-from rayrollout.environment.nemo_gym.config import nemo_gym_root
+from rayrollout.envkit.nemo_gym.ng_run_config import nemo_gym_root
 
 ROOT = Path(__file__).resolve().parents[2]
 WEATHER_ROWS = ROOT / "environments" / "weather" / "tasks_nemo_gym.jsonl"

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from rayrollout.cli.commands import app as cli_app
 from rayrollout.cli.env_commands import descendants
-from rayrollout.environment.nemo_gym.config import nemo_gym_root
+from rayrollout.envkit.nemo_gym.ng_run_config import nemo_gym_root
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,7 +37,7 @@ def _math_rows(tmp_path: Path) -> Path:
     """The math environment's tasks as NeMo Gym rows, the gold answer as ``expected_result``
     (the name NeMo Gym's math datasets use)."""
     from rayrollout.data.convert import chat_tools_to_responses
-    from rayrollout.environment.registry import load_environment
+    from rayrollout.envkit.registry import load_environment
 
     tools = chat_tools_to_responses(load_environment("math").tool_schemas())
     path = tmp_path / "math_nemo_gym.jsonl"
@@ -64,9 +64,8 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def policy_url(serve_session: int) -> str:
-    from rayrollout.deployments.scripted import scripted_policy_app
-
     from rayrollout.auth import RouteAuth
+    from rayrollout.deployments.scripted import scripted_policy_app
 
     # NeMo Gym's openai_model sends its openai_api_key (below) as the bearer token.
     app = scripted_policy_app(auth=RouteAuth.bearer("not-needed"))

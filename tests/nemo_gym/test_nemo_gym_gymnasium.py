@@ -168,9 +168,8 @@ MULTI_TURN = "example_multi_turn_gymnasium"
 
 @pytest.fixture(scope="module")
 def policy_url(serve_session: int) -> Iterator[str]:
-    from rayrollout.deployments.scripted import scripted_policy_app
-
     from rayrollout.auth import RouteAuth
+    from rayrollout.deployments.scripted import scripted_policy_app
 
     # NeMo Gym's openai_model sends its openai_api_key (below) as the bearer token.
     app = scripted_policy_app(auth=RouteAuth.bearer("not-needed"))

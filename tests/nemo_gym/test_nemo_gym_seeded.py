@@ -74,9 +74,8 @@ def toolsandbox_env(ng_python: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def policy_url(serve_session: int) -> Iterator[str]:
-    from rayrollout.deployments.scripted import scripted_policy_app
-
     from rayrollout.auth import RouteAuth
+    from rayrollout.deployments.scripted import scripted_policy_app
 
     # NeMo Gym's openai_model sends its openai_api_key (below) as the bearer token.
     app = scripted_policy_app(auth=RouteAuth.bearer("not-needed"))
@@ -306,7 +305,7 @@ def test_aviary_answers_and_requests_match_nemo_gyms_own_aviary_schemas(
 
     from rayrollout.data.schema import FunctionCall, Message, ToolCall
     from rayrollout.data.tasks import parse_task_row
-    from rayrollout.environment.nemo_gym.seeded import SeededEpisode
+    from rayrollout.envkit.nemo_gym.seeded import SeededEpisode
 
     def ng(code: str, stdin: str = "") -> dict:
         done = subprocess.run(

@@ -23,7 +23,7 @@ from ngrun import NG_VENV, NemoGymRun
 from rayrollout import RunConfig
 from rayrollout.api.cluster import down, service_url, start_detached
 from rayrollout.engine.secret_env import route_token_path
-from rayrollout.environment.nemo_gym.config import nemo_gym_root, service_agent_block
+from rayrollout.envkit.nemo_gym.ng_run_config import nemo_gym_root, service_agent_block
 
 NAMESPACE = "ng-service"
 REWARDS = [1.0, 0.0, 0.5, -1.0]

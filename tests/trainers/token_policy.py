@@ -20,6 +20,7 @@ import zlib
 from typing import Any
 
 from aiohttp import web
+
 from rayrollout.deployments.scripted.protocol import chat_completion
 from rayrollout.deployments.scripted.strategy import next_action
 

@@ -3,7 +3,7 @@
 A vLLM deployment costs one to several minutes on 2 CPU cores, so the tier deploys each
 model once:
 
-- ``tiny_vllm`` (session): the tiny random-weight model on ``deployments/vllm/cpu.yaml``
+- ``tiny_vllm`` (session): the tiny random-weight model on ``rayrollout/deployments/vllm/cpu.yaml``
   (2 replicas, consistent hashing on ``x-session-id``) with the control endpoints and
   vLLM's cached-token counts, deployed by examples/grpo_loop.py's engine (policy kind
   'vllm', namespace ``grpo-example``). Every tiny-model test uses it: a test that plays
@@ -66,10 +66,10 @@ def tiny_vllm(
     from ray import serve
 
     from examples.grpo_loop import NAMESPACE, run_config
-    from rayrollout.engine.services import policy_app_name
+    from rayrollout.engine.startup import policy_app_name
 
     work_dir = tmp_path_factory.mktemp("tiny-vllm")
-    deployment = yaml.safe_load((ROOT / "deployments/vllm/cpu.yaml").read_text())
+    deployment = yaml.safe_load((ROOT / "rayrollout/deployments/vllm/cpu.yaml").read_text())
     # What the tests rely on, as shipped: two replicas, an episode's calls kept on one.
     assert deployment["replicas"] == 2, deployment
     assert deployment.get("router", "consistent_hash") == "consistent_hash", deployment

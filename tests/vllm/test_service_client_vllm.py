@@ -41,7 +41,9 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 NAMESPACE = "service-vllm"
 TASKS = int(os.environ.get("RAYROLLOUT_SERVICE_VLLM_TASKS", "1000"))
 N = 4
-REPLICAS = 2  # the shared app's (deployments/vllm/cpu.yaml): every one takes the checkpoint
+REPLICAS = (
+    2  # the shared app's (rayrollout/deployments/vllm/cpu.yaml): every one takes the checkpoint
+)
 CLIENT_PYTHONS = ("3.10", "3.12", "3.13")  # the oldest the client supports first
 
 

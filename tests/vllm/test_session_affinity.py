@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from rayrollout.deployments.vllm.app import (
     VllmDeploymentConfig,
     llm_config_kwargs,
@@ -36,7 +37,7 @@ def test_sessions_are_hashed_to_replicas_by_default_with_fallbacks():
 
 
 def test_every_shipped_deployment_file_keeps_affinity():
-    for path in sorted((ROOT / "deployments/vllm").glob("*.yaml")):
+    for path in sorted((ROOT / "rayrollout/deployments/vllm").glob("*.yaml")):
         config = load_vllm_config(path)
         assert config.router == "consistent_hash", path.name
         options = llm_config_kwargs(config, "m")["deployment_config"]

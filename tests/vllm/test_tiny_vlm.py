@@ -48,9 +48,9 @@ def vlm_policy(
 
     from rayrollout.auth import RouteAuth, new_token
     from rayrollout.data.config import RunConfig
-    from rayrollout.engine.services import deploy_policy, policy_app_name
+    from rayrollout.engine.startup import deploy_policy, policy_app_name
 
-    deployment = yaml.safe_load((ROOT / "deployments/vllm/cpu.yaml").read_text())
+    deployment = yaml.safe_load((ROOT / "rayrollout/deployments/vllm/cpu.yaml").read_text())
     deployment.update(model_id="tiny-vlm", model_source=str(vlm_path), replicas=1)
     deployment["engine_kwargs"]["max_model_len"] = 4096
     deployment_file = tmp_path_factory.mktemp("tiny-vlm-app") / "tiny-vlm-cpu.yaml"
@@ -162,8 +162,9 @@ def first_logprobs(answer: dict[str, Any]) -> dict[int, float]:
 def test_images_in_the_prompt_and_a_tool_result_reach_vllm_expanded_as_the_processor_does(
     vlm_policy: VllmPolicy,
 ):
-    from rayrollout.deployments.vllm.tiny_vlm import image_token_count
     from transformers import AutoTokenizer
+
+    from rayrollout.deployments.vllm.tiny_vlm import image_token_count
 
     wide, tall = picture(WIDE, "red"), picture(TALL, "blue")
     messages = [
@@ -239,8 +240,9 @@ def generate(policy: VllmPolicy, token_ids: list[int], images: list[Any], **head
 def test_token_ids_with_images_extend_across_turns_through_the_token_route(
     vlm_policy: VllmPolicy,
 ):
-    from rayrollout.deployments.vllm.tiny_vlm import image_token_count
     from transformers import AutoTokenizer
+
+    from rayrollout.deployments.vllm.tiny_vlm import image_token_count
 
     tokenizer = AutoTokenizer.from_pretrained(vlm_policy.model_path)
     auth = {"Authorization": f"Bearer {vlm_policy.token}"}
@@ -311,7 +313,7 @@ def shapes_tasks(count: int) -> list[dict[str, Any]]:
         for name in ("width", "height"):
             properties[name].update(minimum=16, maximum=56)
         tool["function"]["strict"] = True  # Chat Completions enforces the schema only then
-    lines = (ROOT / "environments/shapes/tasks.jsonl").read_text().splitlines()[:count]
+    lines = (ROOT / "rayrollout/environments/shapes/tasks.jsonl").read_text().splitlines()[:count]
     # By its class: the vLLM venv's entry points may predate the environment's.
     environment = "rayrollout.environments.shapes.env:ShapesEnv"
     return [{**json.loads(line), "tools": tools, "environment": environment} for line in lines]

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rayrollout.deployments.vllm.app import llm_config_kwargs, load_vllm_config
 
-from rayrollout.agent.episode import _check_tokens
+from rayrollout.agentkit.episode import _check_tokens
 from rayrollout.data.schema import Trajectory, Turn
+from rayrollout.deployments.vllm.app import llm_config_kwargs, load_vllm_config
 from rayrollout.policy.tokens import (
     DeltaRenderer,
     TemplateError,
@@ -144,7 +144,7 @@ def test_episode_records_the_first_token_mismatch_and_counts_every_one():
 
 
 def test_cpu_config_asks_ray_serve_llm_for_cpu_engines_and_small_kv_cache():
-    config = load_vllm_config(ROOT / "deployments/vllm/cpu.yaml")
+    config = load_vllm_config(ROOT / "rayrollout/deployments/vllm/cpu.yaml")
     kwargs = llm_config_kwargs(config, "/models/tiny")
     assert kwargs["accelerator_config"] == {"kind": "cpu"}
     assert kwargs["deployment_config"]["num_replicas"] == 2
@@ -153,7 +153,7 @@ def test_cpu_config_asks_ray_serve_llm_for_cpu_engines_and_small_kv_cache():
 
 
 def test_gpu_config_places_tensor_parallel_workers_on_one_gpu_node():
-    config = load_vllm_config(ROOT / "deployments/vllm/gpu.yaml")
+    config = load_vllm_config(ROOT / "rayrollout/deployments/vllm/gpu.yaml")
     kwargs = llm_config_kwargs(config, config.model_source)
     assert kwargs["accelerator_type"] == "H100"
     assert kwargs["engine_kwargs"]["tensor_parallel_size"] == 2
@@ -172,7 +172,7 @@ def test_bad_vllm_config_names_the_file_and_the_key(tmp_path):
 def test_vllm_policy_without_a_deployment_file_says_which_flag_to_pass():
     from rayrollout.auth import RouteAuth
     from rayrollout.data.config import RunConfig
-    from rayrollout.engine.services import PolicyEndpointError, deploy_policy
+    from rayrollout.engine.startup import PolicyEndpointError, deploy_policy
 
     with pytest.raises(PolicyEndpointError, match="--policy-config"):
         deploy_policy(RunConfig.model_validate({"policy": {"kind": "vllm"}}), RouteAuth.open())

@@ -38,7 +38,7 @@ ROWS = [
 
 
 def rubric_by_hand(messages: list[dict]) -> float:
-    from rayrollout.environment.verifiers import load_verifiers_environment
+    from rayrollout.envkit.verifiers import load_verifiers_environment
 
     env = load_verifiers_environment("verifiers_envs", {})
     state = {"prompt": messages[:1], "completion": messages[1:], "answer": "42", "info": {}}

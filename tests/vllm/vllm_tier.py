@@ -42,7 +42,7 @@ class TinyVllm(VllmPolicy):
 
 def math_tasks(strict_tools: bool = False) -> list[dict[str, Any]]:
     """The math environment's 9 tasks (with ``strict_tools``: tool schemas vLLM enforces)."""
-    rows = [json.loads(line) for line in (ROOT / "environments/math/tasks.jsonl").open()]
+    rows = [json.loads(line) for line in (ROOT / "rayrollout/environments/math/tasks.jsonl").open()]
     if strict_tools:
         # Chat mode: vLLM parses only schema-conforming calls, and a call cut off at
         # max_tokens is no call at all (the episode ends). Random weights fill strings until

@@ -29,7 +29,7 @@ from typing import Any
 
 from rayrollout.api.service.journal import BatchJournal
 from rayrollout.client.models import BatchStatus, Limits, RowError
-from rayrollout.engine.episode import EpisodeSpec
+from rayrollout.engine.episode_frame import EpisodeSpec
 from rayrollout.engine.streaming import StreamedRow
 from rayrollout.errors import InputError
 

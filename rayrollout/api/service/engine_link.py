@@ -15,7 +15,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from rayrollout.api.service.journal import JournalState, open_journals
 from rayrollout.data.config import RunConfig
-from rayrollout.engine.actor import ENGINE_NAME
+from rayrollout.engine.engine_actor import ENGINE_NAME
 from rayrollout.errors import InputError, RayrolloutError
 
 __all__ = ["ENGINE_DOWN", "EngineLink", "HttpError", "engine_error"]

@@ -38,7 +38,7 @@ from rayrollout.api.service.core import HttpError, RolloutService
 from rayrollout.api.service.nemo_gym_run import run_nemo_gym
 from rayrollout.api.service.openapi import openapi
 from rayrollout.auth import RouteAuth
-from rayrollout.environment.nemo_gym.metrics import aggregate_metrics
+from rayrollout.envkit.nemo_gym.aggregate_metrics import aggregate_metrics
 
 __all__ = ["build_app"]
 

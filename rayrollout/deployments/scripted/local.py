@@ -1,0 +1,51 @@
+"""The scripted policy in this process, without Ray: what ``rayrollout agent test`` plays an
+agent against when no server is named (the kind's ``local`` form, ``kind.SCRIPTED``).
+
+The same moves as the Serve app (``strategy.next_action``) answered as the same Chat
+Completions shape (``server.chat_completion``), read back by the policy client's own parser,
+so an agent sees exactly what it would see from the deployed scripted policy.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+from rayrollout.data.config import PolicyConfig
+from rayrollout.data.schema import Message, SamplingParams, Turn
+from rayrollout.deployments.scripted.strategy import next_action
+from rayrollout.policy.client import PolicyReply, chat_reply
+
+__all__ = ["LocalScriptedPolicy"]
+
+
+class LocalScriptedPolicy:
+    """A ``rayrollout.policy.protocol.Policy`` that answers with the scripted strategy."""
+
+    def __init__(self, config: PolicyConfig) -> None:
+        self.config = config
+        self._ids = itertools.count()
+
+    async def complete(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]],
+        sampling: SamplingParams | None = None,
+        session_id: str | None = None,
+        history: list[Turn] | None = None,
+        last_turn: bool = False,
+    ) -> PolicyReply:
+        from rayrollout.deployments.scripted.protocol import chat_completion
+
+        started = time.time()
+        sent = [m.to_openai() for m in messages]
+        action = next_action(sent, tools)
+        words = sum(len(str(m.get("content") or "").split()) for m in sent)
+        answer = chat_completion(action, next(self._ids), self.config.model, words, 1)
+        message, turn = chat_reply(answer, "scripted (in process)")
+        turn.started_at, turn.seconds = started, time.time() - started
+        return PolicyReply(message, turn)
+
+    async def close(self) -> None:
+        return None

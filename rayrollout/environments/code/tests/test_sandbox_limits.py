@@ -1,0 +1,171 @@
+"""Attacks on the code environment's sandbox limits: disk, processes, network, memory, time, output.
+
+The companion of ``test_sandbox_escape.py`` (files, secrets, identity, signals); the same
+harness (``escape_kit``): the audit hook is switched off first, a control shows the attack
+works without the sandbox where that is cheap and harmless, and the planted key is in no output.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from escape_kit import attack, control, processes_with, script
+
+from rayrollout.environments.code.sandbox import run_sandboxed
+
+pytestmark = pytest.mark.system_package("bubblewrap")  # every attack needs the sandbox
+
+
+async def test_filling_the_disk_stops_at_the_work_dir_size():
+    code = script(
+        """
+        written, chunk = 0, b"x" * (1024 * 1024)
+        def fill():
+            global written
+            for n in range(1000):  # files of 1 MiB each: the tmpfs size, not RLIMIT_FSIZE, stops it
+                with open(f"fill-{n}", "wb") as file:
+                    file.write(chunk)
+                    written += len(chunk)
+        print(attempt(fill))
+        print(written // (1024 * 1024))
+        print(attempt(lambda: open("/dev/shm/fill", "wb")))
+        """
+    )
+    lines = (await attack(code, workdir_bytes=8 * 1024 * 1024)).stdout.splitlines()
+    assert lines[0] == "blocked: OSError: [Errno 28] No space left on device"
+    assert int(lines[1]) <= 8
+    assert lines[2].startswith("blocked: OSError: [Errno 30] Read-only file system")
+
+
+async def test_a_fork_bomb_is_bounded_and_the_call_returns():
+    code = script(
+        """
+        import time
+        children = 0
+        def bomb():
+            global children
+            while True:
+                if os.fork() == 0:
+                    time.sleep(60)
+                    os._exit(0)
+                children += 1
+        print(attempt(bomb))
+        print(children)
+        """
+    )
+    started = time.monotonic()
+    result = await attack(code, timeout_s=10)
+    lines = result.stdout.splitlines()
+    assert lines[0] == "blocked: BlockingIOError: [Errno 11] Resource temporarily unavailable"
+    assert int(lines[1]) < 16  # RLIMIT_NPROC: max_tasks for the run's uid
+    assert time.monotonic() - started < 5  # the sleepers died with the sandbox
+
+
+async def test_an_exponential_fork_bomb_is_killed_at_the_timeout():
+    code = script("while True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n")
+    started = time.monotonic()
+    result = await attack(code, timeout_s=2)
+    assert result.timed_out and time.monotonic() - started < 6
+
+
+@pytest.mark.parametrize("ends", ["exits", "times-out"])
+async def test_no_process_outlives_the_call(ends, tmp_path):
+    marker = f"sandbox-daemon-{uuid.uuid4().hex}"
+    daemons = """
+        quiet = os.open(os.devnull, os.O_RDWR)
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:  # a daemon: double fork, new session, argv[0] as a marker
+                for fd in (0, 1, 2):
+                    os.dup2(quiet, fd)
+                os.execv("/bin/sleep", ["$marker", "60"])
+            os._exit(0)
+        os.wait()
+        subprocess.Popen(["$marker", "60"], executable="/bin/sleep", start_new_session=True,
+                         stdin=quiet, stdout=quiet, stderr=quiet)
+        print("started")
+        if $wait:
+            __import__("time").sleep(60)
+        """
+    result = await attack(script(daemons, marker=marker, wait=ends == "times-out"), timeout_s=2)
+    assert result.timed_out == (ends == "times-out")
+    assert [Path(f"/proc/{p}/cmdline").read_bytes() for p in processes_with(marker)] == []
+    control(script(daemons, marker=marker, wait=False), tmp_path)
+    survivors = processes_with(marker)  # the control's daemons do outlive their parent
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
+    assert survivors
+
+
+async def test_code_cannot_reach_the_network(listening_port, tmp_path):
+    code = script(
+        """
+        import socket
+        print(attempt(lambda: socket.create_connection(("127.0.0.1", $port), 2)))
+        print(attempt(lambda: socket.getaddrinfo("example.com", 80)))
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        print(attempt(lambda: udp.sendto(b"x", ("8.8.8.8", 53))))
+        """,
+        port=listening_port.getsockname()[1],
+    )
+    lines = (await attack(code, timeout_s=10)).stdout.splitlines()
+    assert lines[0].startswith(("blocked: ConnectionRefusedError", "blocked: OSError: [Errno 101]"))
+    assert lines[1].startswith("blocked: gaierror")
+    assert lines[2] == "blocked: OSError: [Errno 101] Network is unreachable"
+    with pytest.raises(BlockingIOError):
+        listening_port.accept()  # nobody connected
+    assert control(code, tmp_path).startswith("ESCAPED")
+    listening_port.accept()[0].close()  # the control did
+
+
+async def test_a_memory_bomb_fails_inside_the_limit():
+    code = script("data = bytearray(2 * 1024**3)\nprint('ESCAPED', len(data))\n")
+    result = await attack(code, memory_bytes=512 * 1024 * 1024)
+    assert result.exit_code == 1 and "MemoryError" in result.stderr
+    assert "ESCAPED" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    "code", ["while True:\n    pass\n", "import time\ntime.sleep(60)\n"], ids=["loop", "sleep"]
+)
+async def test_code_running_past_the_time_limit_is_killed(code):
+    started = time.monotonic()
+    result = await attack(script(code), timeout_s=1.0)
+    assert result.timed_out and result.exit_code is None
+    assert time.monotonic() - started < 5
+
+
+async def test_a_flood_of_output_is_capped():
+    code = script("import sys\nfor _ in range(50):\n    sys.stdout.write('x' * 1024 * 1024)\n")
+    started = time.monotonic()
+    result = await attack(code, timeout_s=20.0, output_bytes=8 * 1024)
+    assert result.exit_code == 0 and time.monotonic() - started < 15
+    assert "[output truncated: 52428800 bytes, only the first 8192 are shown]" in result.stdout
+
+
+async def test_kernel_settings_cannot_be_written():
+    code = script('print(attempt(lambda: open("/proc/sys/vm/drop_caches", "w").write("3")))')
+    assert (await attack(code)).stdout.startswith("blocked: PermissionError")
+
+
+async def test_the_audit_hook_still_refuses_honest_code_with_a_clear_message():
+    code = script("print(attempt(lambda: open('/tmp/x', 'w')))", unhook=False)
+    assert "sandbox: writing outside the working directory" in (await attack(code)).stdout
+
+
+async def test_writing_inside_the_work_dir_still_works():
+    code = (
+        "import os, pathlib, tempfile\n"
+        "pathlib.Path('data').mkdir()\n"
+        "pathlib.Path('data/a.txt').write_text('hello')\n"
+        "os.rename('data/a.txt', 'b.txt')\n"
+        "tempfile.NamedTemporaryFile().write(b'x')\n"
+        "print(open('b.txt').read(), open(os.devnull, 'w').write('quiet'))\n"
+    )
+    result = await run_sandboxed(code)
+    assert (result.exit_code, result.stdout.strip()) == (0, "hello 5")
