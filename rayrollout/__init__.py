@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from rayrollout.agentkit.gateway_front import FrontPortTaken
     from rayrollout.agentkit.openai_shapes import BadRequest
     from rayrollout.agentkit.registry import AgentArgsError, UnknownAgentError
-    from rayrollout.api.cluster import ServiceNotFoundError
+    from rayrollout.api.cluster import NotUpError
     from rayrollout.api.collect import InvalidTasksError, OutputNotEmptyError
     from rayrollout.api.preflight import (
         EnvironmentCheckError,
@@ -230,7 +230,7 @@ _ERROR_HOMES = {
     "RowRefused": "rayrollout.data.tasks",
     "ServiceBusyError": "rayrollout.client.errors",
     "ServiceError": "rayrollout.client.errors",
-    "ServiceNotFoundError": "rayrollout.api.cluster",
+    "NotUpError": "rayrollout.api.cluster",
     "SessionNotOpen": "rayrollout.envkit.session_store",
     "ShardReadError": "rayrollout.data.task_shards",
     "StaleEpisode": "rayrollout.policy.gate",
@@ -264,6 +264,7 @@ __all__ = [
     "Message",
     "Opening",
     "OutOfTurns",
+    "NotUpError",
     "OutputError",
     "OutputNotEmptyError",
     "OwnServer",
@@ -333,7 +334,6 @@ __all__ += [  # the rest of the error tree (_ERROR_HOMES)
     "RowRefused",
     "ServiceBusyError",
     "ServiceError",
-    "ServiceNotFoundError",
     "SessionNotOpen",
     "ShardReadError",
     "StaleEpisode",

@@ -239,7 +239,7 @@ def test_every_public_error_imports_from_rayrollout():
         ("rayrollout.envkit.registry:UnknownEnvironmentError", LookupError),
         ("rayrollout.policy.client:PolicyError", RuntimeError),
         ("rayrollout.api.rollout_engine:EngineExistsError", RuntimeError),
-        ("rayrollout.api.cluster:ServiceNotFoundError", LookupError),
+        ("rayrollout.api.cluster:NotUpError", LookupError),
     ],
 )
 def test_an_exception_keeps_the_builtin_base_callers_catch(name, builtin):

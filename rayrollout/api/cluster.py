@@ -47,7 +47,7 @@ from rayrollout.errors import ClusterError
 
 __all__ = [
     "EngineExistsError",
-    "ServiceNotFoundError",
+    "NotUpError",
     "down",
     "lookup_app",
     "lookup_engine",
@@ -64,7 +64,7 @@ LOOKUP_TIMEOUT_S = 5.0
 log = logging.getLogger("rayrollout")
 
 
-class ServiceNotFoundError(ClusterError, LookupError):
+class NotUpError(ClusterError, LookupError):
     """A named actor or app of the run (the engine, a Serve app) is not up in the namespace."""
 
 
@@ -83,11 +83,11 @@ def lookup_engine(namespace: str, timeout_s: float = LOOKUP_TIMEOUT_S) -> Any:
     """The namespace's engine actor; retries for ``timeout_s`` while it starts.
 
     Raises:
-        ServiceNotFoundError: naming the namespace and the command that starts an engine.
+        NotUpError: naming the namespace and the command that starts an engine.
     """
     engine = _retry(lambda: ray.get_actor(ENGINE_NAME, namespace=namespace), timeout_s)
     if engine is None:
-        raise ServiceNotFoundError(
+        raise NotUpError(
             f"no rayrollout engine in Ray namespace '{namespace}' (looked for actor "
             f"'{ENGINE_NAME}' for {timeout_s:g}s): start one with `rayrollout up --config "
             f"FILE --namespace {namespace}` (or let `rayrollout collect` start its own)"
@@ -99,7 +99,7 @@ def lookup_app(namespace: str, app: str, timeout_s: float = LOOKUP_TIMEOUT_S) ->
     """A handle to the Serve app ``<namespace>.<app>`` (``policy``, ``env.code``); retries.
 
     Raises:
-        ServiceNotFoundError: naming the app and the command that deploys it.
+        NotUpError: naming the app and the command that deploys it.
     """
     name = f"{namespace}.{app}"
 
@@ -110,7 +110,7 @@ def lookup_app(namespace: str, app: str, timeout_s: float = LOOKUP_TIMEOUT_S) ->
 
     handle = _retry(find, timeout_s)
     if handle is None:
-        raise ServiceNotFoundError(
+        raise NotUpError(
             f"Serve application '{name}' is not running (looked for {timeout_s:g}s): "
             f"deploy it with `rayrollout up --config FILE --namespace {namespace}`"
         )

@@ -13,7 +13,7 @@ from ray.util.state import list_actors
 from raycluster import VENV_BIN, run_config
 
 from rayrollout import RolloutEngine, RunConfig
-from rayrollout.api.cluster import ServiceNotFoundError, down, lookup_app, lookup_engine, status, up
+from rayrollout.api.cluster import NotUpError, down, lookup_app, lookup_engine, status, up
 
 pytestmark = pytest.mark.cluster
 
@@ -47,19 +47,19 @@ def test_two_namespaces_on_one_cluster_do_not_see_each_other(tmp_path, ray_clust
         result_b = engine_b.collect(weather_tasks("b", 4))
     assert sorted(t.task_id for t in result_a.trajectories()) == ["a0", "a1", "a2"]
     assert sorted(t.task_id for t in result_b.trajectories()) == ["b0", "b1", "b2", "b3"]
-    with pytest.raises(ServiceNotFoundError):
+    with pytest.raises(NotUpError):
         lookup_engine("iso-a", timeout_s=0.5)  # its run ended: nothing left behind
 
 
 def test_lookup_of_a_service_not_up_retries_then_names_it_and_the_command(ray_cluster):
     started = time.monotonic()
-    with pytest.raises(ServiceNotFoundError) as engine_error:
+    with pytest.raises(NotUpError) as engine_error:
         lookup_engine("nobody-here", timeout_s=1.5)
     assert time.monotonic() - started >= 1.5
     message = str(engine_error.value)
     assert "no rayrollout engine in Ray namespace 'nobody-here'" in message
     assert "rayrollout up --config FILE --namespace nobody-here" in message
-    with pytest.raises(ServiceNotFoundError) as app_error:
+    with pytest.raises(NotUpError) as app_error:
         lookup_app("nobody-here", "env.code", timeout_s=0.5)
     assert "Serve application 'nobody-here.env.code' is not running" in str(app_error.value)
     assert "rayrollout up --config FILE --namespace nobody-here" in str(app_error.value)
