@@ -21,8 +21,8 @@ from rayrollout.data.writer import PartWriter, make_sink
 from rayrollout.deployments.vllm.tiny_model import CHAT_TEMPLATE
 
 ROOT = Path(__file__).resolve().parents[1]
-NEMO_GYM_TASKS = ROOT / "environments" / "weather" / "tasks_nemo_gym.jsonl"
-MATH_TASKS = ROOT / "environments" / "math" / "tasks.jsonl"
+NEMO_GYM_TASKS = ROOT / "rayrollout" / "environments" / "weather" / "tasks_nemo_gym.jsonl"
+MATH_TASKS = ROOT / "rayrollout" / "environments" / "math" / "tasks.jsonl"
 runner = CliRunner()
 
 

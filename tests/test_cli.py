@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from rayrollout.cli.commands import app
 
 ROOT = Path(__file__).resolve().parents[1]
-NEMO_GYM_TASKS = ROOT / "environments" / "weather" / "tasks_nemo_gym.jsonl"
+NEMO_GYM_TASKS = ROOT / "rayrollout" / "environments" / "weather" / "tasks_nemo_gym.jsonl"
 runner = CliRunner()
 
 

@@ -38,7 +38,7 @@ from rayrollout.data.schema import FunctionCall, Message, Task, ToolCall, Trajec
 from rayrollout.policy.client import PolicyReply
 
 ROOT = Path(__file__).resolve().parents[2]
-WEATHER_ROWS = ROOT / "environments" / "weather" / "tasks_nemo_gym.jsonl"
+WEATHER_ROWS = ROOT / "rayrollout" / "environments" / "weather" / "tasks_nemo_gym.jsonl"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 

@@ -34,7 +34,7 @@ from rayrollout.envkit.nemo_gym.client import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-NEMO_GYM_TASKS = ROOT / "environments" / "weather" / "tasks_nemo_gym.jsonl"
+NEMO_GYM_TASKS = ROOT / "rayrollout" / "environments" / "weather" / "tasks_nemo_gym.jsonl"
 COOKIE = "nemo_gym_session"
 
 

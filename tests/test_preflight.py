@@ -303,7 +303,7 @@ def test_the_real_command_refuses_code_tasks_without_bubblewrap_before_ray_start
     """The code environment's sandbox needs bubblewrap: hidden from ``PATH`` here (CI has it)."""
     folder, run = real_cli
     monkeypatch.setenv("PATH", path_without("bwrap", folder / "bin"))
-    tasks = ROOT / "environments" / "code" / "tasks.jsonl"
+    tasks = ROOT / "rayrollout" / "environments" / "code" / "tasks.jsonl"
     line = refused_in_a_process(run(tasks, "--policy", "scripted", "--out", folder / "out"), folder)
     assert line.startswith("error: environment 'code' cannot run on this machine: ")
     assert "`bwrap` is not on PATH" in line and "(`apt-get install bubblewrap`)" in line

@@ -25,7 +25,7 @@ from rayrollout.auth import RouteAuth
 from rayrollout.cli.commands import app
 
 ROOT = Path(__file__).resolve().parents[1]
-WEATHER_TASKS = ROOT / "environments" / "weather" / "tasks.jsonl"
+WEATHER_TASKS = ROOT / "rayrollout" / "environments" / "weather" / "tasks.jsonl"
 PROGRAM = "rayrollout.agents.program:ProgramAgent"
 SCRIPT = ["python", "examples/openai_agent.py"]  # as a user writes it in the run's YAML
 

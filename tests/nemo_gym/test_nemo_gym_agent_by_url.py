@@ -31,7 +31,7 @@ from rayrollout.cli.env_commands import descendants
 from rayrollout.envkit.nemo_gym.ng_run_config import nemo_gym_root
 
 ROOT = Path(__file__).resolve().parents[2]
-WEATHER_ROWS = ROOT / "environments" / "weather" / "tasks_nemo_gym.jsonl"
+WEATHER_ROWS = ROOT / "rayrollout" / "environments" / "weather" / "tasks_nemo_gym.jsonl"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _weather_rows(tmp_path: Path) -> Path:
-    return ROOT / "environments" / "weather" / "tasks_nemo_gym.jsonl"
+    return ROOT / "rayrollout" / "environments" / "weather" / "tasks_nemo_gym.jsonl"
 
 
 def _math_rows(tmp_path: Path) -> Path:
@@ -42,7 +42,9 @@ def _math_rows(tmp_path: Path) -> Path:
     tools = chat_tools_to_responses(load_environment("math").tool_schemas())
     path = tmp_path / "math_nemo_gym.jsonl"
     with path.open("w") as out:
-        for line in (ROOT / "environments" / "math" / "tasks.jsonl").read_text().splitlines():
+        for line in (
+            (ROOT / "rayrollout" / "environments" / "math" / "tasks.jsonl").read_text().splitlines()
+        ):
             task = json.loads(line)
             row = {
                 "responses_create_params": {
