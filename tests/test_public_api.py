@@ -24,7 +24,7 @@ DOC_FILES = sorted(
 GENERATED = {ROOT / "docs" / "reference" / name for name in ("python-api.md", "errors.md")}
 DOC_FILES = [p for p in DOC_FILES if p not in GENERATED]
 
-# Plugins (the repo's deployments/, environments/ and agents/ folders) are packages of their
+# Plugins (rayrollout/deployments/, environments/ and agents/) are packages of their
 # own that the core finds by name; an example may use one (a model builder of a deployment).
 PLUGINS = ("rayrollout.deployments", "rayrollout.environments", "rayrollout.agents")
 # Trainer adapters: one public module per trainer, each importable only beside its trainer.
