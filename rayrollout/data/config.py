@@ -421,12 +421,6 @@ class RunConfig(_Config):
         """Settings of one environment (defaults when the config names it not)."""
         return self.environments.get(name) or EnvironmentConfig()
 
-    def agent_of(self, task_agent: str | None) -> str:
-        """The agent a task names, else the run's, else the built-in loop, leaving out the
-        environment's own default: ``rayrollout.agentkit.registry.resolve_agent`` is the whole
-        order, and what plays an episode."""
-        return task_agent or self.agent or DEFAULT_AGENT
-
     def agent_config(self, name: str) -> AgentSettings:
         """Settings of one agent (defaults when the config names it not)."""
         return self.agent_settings.get(name) or AgentSettings()
