@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from rayrollout.data.config import RunConfig
-from rayrollout.engine import services
+from rayrollout.engine import startup
 from rayrollout.engine.secret_env import is_secret_name, policy_key, without_secrets
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,12 +80,12 @@ def test_policy_key_is_read_from_the_configured_variable_and_prints_as_stars(mon
 
 def test_ray_init_of_a_local_ray_sees_no_secrets_and_the_driver_keeps_them(monkeypatch):
     seen: dict[str, Any] = {}
-    monkeypatch.setattr(services.ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(services.ray, "init", lambda **kw: seen.update(os.environ))
+    monkeypatch.setattr(startup.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(startup.ray, "init", lambda **kw: seen.update(os.environ))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     for name, value in PLANTED.items():
         monkeypatch.setenv(name, value)
-    services.ensure_ray(RunConfig.model_validate({"policy": {"api_key_env": "MY_POLICY_CRED"}}))
+    startup.ensure_ray(RunConfig.model_validate({"policy": {"api_key_env": "MY_POLICY_CRED"}}))
     assert seen and not set(PLANTED) & set(seen)
     assert {name: os.environ[name] for name in PLANTED} == PLANTED
 

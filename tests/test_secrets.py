@@ -21,7 +21,7 @@ from flaky_policy import FlakyPolicy
 from netutil import free_port
 
 from rayrollout.data.config import RunConfig
-from rayrollout.engine import services
+from rayrollout.engine import startup
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "sk-planted-4f9c2e7a1b"
@@ -172,14 +172,14 @@ def test_tools_on_replicas_and_inline_read_no_policy_key_from_any_environment(tm
 
 def test_local_ray_starts_without_a_dashboard_and_serve_listens_on_loopback(monkeypatch):
     started: dict[str, Any] = {}
-    monkeypatch.setattr(services.ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(services.ray, "init", lambda **kw: started.setdefault("ray", kw))
-    from ray import serve  # services imports it only on the way to starting Serve
+    monkeypatch.setattr(startup.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(startup.ray, "init", lambda **kw: started.setdefault("ray", kw))
+    from ray import serve  # startup imports it only on the way to starting Serve
 
     monkeypatch.setattr(serve, "start", lambda **kw: started.setdefault("serve", kw))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     config = RunConfig()
-    services.ensure_ray(config)
-    services.ensure_serve(config)
+    startup.ensure_ray(config)
+    startup.ensure_serve(config)
     assert started["ray"]["include_dashboard"] is False
     assert started["serve"]["http_options"]["host"] == "127.0.0.1"

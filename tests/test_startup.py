@@ -139,15 +139,15 @@ def test_an_external_policy_starts_no_serve(monkeypatch):
 
     from rayrollout.auth import RouteAuth
     from rayrollout.data.config import RunConfig
-    from rayrollout.engine import services
+    from rayrollout.engine import startup
 
-    monkeypatch.setattr(services, "ensure_serve", _no_serve)
+    monkeypatch.setattr(startup, "ensure_serve", _no_serve)
     monkeypatch.setattr(serve, "run", _no_serve)
     monkeypatch.setattr(serve, "start", _no_serve)
     config = RunConfig.model_validate(
         {"policy": {"kind": "openai", "base_url": "http://127.0.0.1:1/v1", "model": "m"}}
     )
-    assert services.deploy_policy(config, RouteAuth.bearer("t")) == "http://127.0.0.1:1/v1"
+    assert startup.deploy_policy(config, RouteAuth.bearer("t")) == "http://127.0.0.1:1/v1"
 
 
 @pytest.mark.parametrize("settings", [{}, {"url": "http://127.0.0.1:1"}])
@@ -156,10 +156,10 @@ def test_inline_and_url_environments_deploy_nothing(monkeypatch, settings):
 
     from rayrollout.auth import RouteAuth
     from rayrollout.data.config import RunConfig
-    from rayrollout.engine import deploy, services
+    from rayrollout.engine import deploy, startup
 
     # deploy imports Serve only on the way to deploying: patch where it would be called.
-    monkeypatch.setattr(services, "ensure_serve", _no_serve)
+    monkeypatch.setattr(startup, "ensure_serve", _no_serve)
     monkeypatch.setattr(serve, "run", _no_serve)
     monkeypatch.setattr(serve, "start", _no_serve)
     config = RunConfig.model_validate({"environments": {"weather": settings}})
@@ -183,14 +183,14 @@ def test_a_deployed_policy_has_its_url_before_serve_runs_it(monkeypatch):
 
     from rayrollout.auth import RouteAuth
     from rayrollout.data.config import RunConfig
-    from rayrollout.engine import services
+    from rayrollout.engine import startup
 
-    monkeypatch.setattr(services, "ensure_serve", _no_serve)
+    monkeypatch.setattr(startup, "ensure_serve", _no_serve)
     monkeypatch.setattr(serve, "run", _no_serve)
     config = RunConfig.model_validate(
         {"namespace": "ns", "policy": {"kind": "scripted"}, "ray": {"serve_port": 8123}}
     )
-    url, deploy = services.prepare_policy(config, RouteAuth.bearer("t"))
+    url, deploy = startup.prepare_policy(config, RouteAuth.bearer("t"))
     assert url == "http://127.0.0.1:8123/ns/policy/v1"
     assert deploy is not None
     with pytest.raises(AssertionError, match="Serve was started"):
