@@ -7,6 +7,7 @@ unchanged. Masked samples are counted but left out of the statistics.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from typing import Any
@@ -32,12 +33,40 @@ def _measurements(answer: dict[str, Any]) -> dict[str, float]:
 def _stats(values_by_field: dict[str, list[float]]) -> dict[str, float]:
     out: dict[str, float] = {}
     for field, values in sorted(values_by_field.items()):
-        out[f"mean/{field}"] = statistics.fmean(values)
+        out[f"mean/{field}"] = _mean(values)
         out[f"max/{field}"] = max(values)
         out[f"min/{field}"] = min(values)
-        out[f"median/{field}"] = statistics.median(values)
-        out[f"std/{field}"] = statistics.pstdev(values)
+        out[f"median/{field}"] = _median(values)
+        out[f"std/{field}"] = _std(values)
     return out
+
+
+# Inputs near the float limit overflow a sum or a square: such a figure is computed again on
+# values scaled into range, so finite inputs always give finite figures.
+def _mean(values: list[float]) -> float:
+    try:
+        return statistics.fmean(values)
+    except OverflowError:
+        return math.fsum(v / len(values) for v in values)
+
+
+def _median(values: list[float]) -> float:
+    middle = statistics.median(values)
+    if math.isinf(middle):
+        ordered = sorted(values)
+        return ordered[len(ordered) // 2 - 1] / 2 + ordered[len(ordered) // 2] / 2
+    return middle
+
+
+def _std(values: list[float]) -> float:
+    try:
+        spread = statistics.pstdev(values)
+    except OverflowError:
+        spread = math.inf
+    if math.isfinite(spread):
+        return spread
+    scale = max(abs(v) for v in values)
+    return scale * statistics.pstdev([v / scale for v in values])
 
 
 def _collect(answers: list[dict[str, Any]]) -> dict[str, list[float]]:
