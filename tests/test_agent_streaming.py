@@ -50,9 +50,12 @@ async def test_a_slow_episode_does_not_hold_back_the_rest_of_its_chunk(tmp_path)
                 batches.append((time.monotonic() - started, indices, rows))
         finally:
             await runner.policy.close()
-    (first_at, first, _), (last_at, last, last_rows) = batches[0], batches[-1]
-    assert sorted(first) == [0, 2, 3] and first_at < 1.0, batches
+    # The fast episodes stream back (in one batch or several, as the flush timer falls) before
+    # the slow one ends; no bound on when, so a loaded machine cannot fail it.
+    *early, (last_at, last, last_rows) = batches
+    assert sorted(i for _, indices, _ in early for i in indices) == [0, 2, 3], batches
     assert last == [1] and last_at >= 1.5
+    assert all(at < last_at for at, _, _ in early)
     assert [row["task_id"] for row in last_rows] == ["s1"]
     # What travels back to the engine reads back as the same trajectories.
     chunk = ChunkRows.from_rows(last_rows, last)
