@@ -177,7 +177,25 @@ def render_trajectory(trajectory: Trajectory, console: Console, stored_as: str =
                 f"{turn.seconds:.3f}",
             )
         console.print(turns)
+    _constrained_calls(trajectory, console)
     _step_rewards(trajectory, console)
+
+
+def _constrained_calls(trajectory: Trajectory, console: Console) -> None:
+    """The model calls a constraint shaped (``tool_choice: required``, a grammar): how many
+    of their tokens it forced, and the largest gap in nats between the model's own logprob
+    of a token and the sampled one ('-' where the model's own are not recorded)."""
+    shaped = [(i, t) for i, t in enumerate(trajectory.turns) if t.forced]
+    if not shaped:
+        return
+    table = Table("turn", "forced", "generated", "max |own - sampled|", title="constrained calls")
+    for i, turn in shaped:
+        gap = "-"
+        if turn.model_logprobs and len(turn.model_logprobs) == len(turn.logprobs):
+            pairs = zip(turn.model_logprobs, turn.logprobs, strict=True)
+            gap = f"{max(abs(own - sampled) for own, sampled in pairs):.3f}"
+        table.add_row(str(i), str(sum(turn.forced)), str(len(turn.forced)), gap)
+    console.print(table)
 
 
 def _turn_images(messages: list[Message]) -> str:

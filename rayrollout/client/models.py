@@ -161,6 +161,8 @@ class Turn(_Answer):
     prompt_token_ids: list[int] = Field(default_factory=list)
     completion_token_ids: list[int] = Field(default_factory=list)
     logprobs: list[float] = Field(default_factory=list)
+    forced: list[bool] = Field(default_factory=list, description="True on forced tokens.")
+    model_logprobs: list[float] = Field(default_factory=list, description="Unconstrained.")
     policy_version: int = 0
     speaker: str = "policy"
     extends_previous: bool = False

@@ -120,6 +120,13 @@ class PolicyConfig(BaseModel):
     return_token_ids: bool = Field(
         default=False, description="Ask for token ids and logprobs (vLLM's return_token_ids)."
     )
+    model_logprobs: Literal["constrained", "all", "off"] = Field(
+        default="constrained",
+        description="Which turns get the model's own logprobs by a second prefill of prompt "
+        "+ completion (/completions with prompt_logprobs): 'constrained' (those a constraint "
+        "shaped, whose sampled logprobs read 0.0 on forced tokens; others copy theirs), "
+        "'all', 'off'. Needs token ids and logprobs (vLLM).",
+    )
     extra_body: dict[str, Any] = Field(
         default_factory=dict,
         description="Escape hatch: extra request fields passed as is (e.g. vLLM sampling params).",

@@ -426,6 +426,17 @@ class Turn(_Model):
         "None for a call that was no step. For credit assignment: the row's reward is their "
         "sum unless the environment says otherwise.",
     )
+    forced: list[bool] = Field(
+        default_factory=list,
+        description="Per generated token: True where a constraint (tool_choice 'required', "
+        "guided decoding, a grammar) forced it (its sampled logprob is exactly 0.0). Empty "
+        "when no constraint shaped the call (or the row predates the field).",
+    )
+    model_logprobs: Annotated[list[float], ArrowType(pa.list_(pa.float32()))] = Field(
+        default_factory=list,
+        description="The model's own logprob of each generated token, unconstrained "
+        "(logprobs is the sampling distribution's, 0.0 on forced tokens); empty where unknown.",
+    )
     # In memory only: the prompt ids as sent when the server expanded them (a vision model's
     # image placeholders), which the next extending call continues from
     # (``prompt_token_ids`` holds the expanded ids, the sequence trained on).
@@ -450,6 +461,11 @@ class Turn(_Model):
     @field_validator("retry_errors", mode="before")
     @classmethod
     def _missing_list_is_empty(cls, value: Any) -> Any:
+        return [] if value is None else value
+
+    @field_validator("forced", "model_logprobs", mode="before")
+    @classmethod
+    def _missing_token_list_is_empty(cls, value: Any) -> Any:
         return [] if value is None else value
 
 

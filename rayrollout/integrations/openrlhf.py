@@ -121,6 +121,8 @@ class RayrolloutExecutor(AgentExecutorBase):
         max_failed_fraction: Raise ``TooManyFailuresError`` when more of the episodes played
             so far failed (judged from the eighth on).
         window_s: How long the first call of a batch waits for others to join it.
+        mask_forced: Leave the tokens a constraint forced out of the action mask (False
+            keeps them).
     """
 
     def __init__(
@@ -128,7 +130,9 @@ class RayrolloutExecutor(AgentExecutorBase):
         client: AsyncRolloutClient | None = None,
         max_failed_fraction: float = 0.5,
         window_s: float = 0.05,
+        mask_forced: bool = True,
     ) -> None:
+        self.mask_forced = mask_forced
         if client is None:
             url = os.environ.get("RAYROLLOUT_URL")
             if not url:
@@ -230,7 +234,7 @@ class RayrolloutExecutor(AgentExecutorBase):
                         )
                     )
                     continue
-                sequence = flatten(rows[index])
+                sequence = flatten(rows[index], self.mask_forced)
                 self.recent.append((status.batch_id, sequence))
                 future.set_result((status.batch_id, sequence))
 

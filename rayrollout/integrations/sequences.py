@@ -2,7 +2,10 @@
 
 Turns that extend each other lay end to end: the first prompt, then per turn the environment
 tokens (mask 0) and the sampled completion (mask 1, its logprobs), as the engine recorded
-them, never re-tokenized. A failed or unchainable episode is flagged, its mask all 0.
+them, never re-tokenized. A failed or unchainable episode is flagged, its mask all 0. Tokens
+a constraint forced (``tool_choice: required``, a grammar) are masked 0 too unless
+``mask_forced=False``: the model chose nothing there, and its own logprob differs from the
+sampled 0.0.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ class Sequence:
     status: str
     error: str | None
     policy_versions: list[int] = field(default_factory=list)  # one per policy turn
+    forced: list[bool] = field(default_factory=list)  # aligned: True on forced tokens
+    model_logprobs: list[float] = field(default_factory=list)  # aligned: the model's own
     step_rewards: list[float | None] = field(default_factory=list)  # one per policy turn
     stop_reason: str = "stop"
     row: TrajectoryRow | None = None
@@ -50,13 +55,16 @@ class Sequence:
         return min(self.policy_versions) if self.policy_versions else None
 
 
-def flatten(row: TrajectoryRow) -> Sequence:
-    """The row's policy turns as one sequence (see the module's docstring)."""
+def flatten(row: TrajectoryRow, mask_forced: bool = True) -> Sequence:
+    """The row's policy turns as one sequence (see the module's docstring); with
+    ``mask_forced`` the tokens a constraint forced are left out of the mask."""
     turns = [t for t in row.turns if t.speaker == POLICY]
     prompt: list[int] = []
     response: list[int] = []
     mask: list[int] = []
     logprobs: list[float] = []
+    forced: list[bool] = []
+    model_logprobs: list[float] = []
     problem = row.error if row.status != "ok" else None
     for index, turn in enumerate(turns):
         if len(turn.logprobs) != len(turn.completion_token_ids) and problem is None:
@@ -79,10 +87,18 @@ def flatten(row: TrajectoryRow) -> Sequence:
             response += environment
             mask += [0] * len(environment)
             logprobs += [0.0] * len(environment)
+            forced += [False] * len(environment)
+            model_logprobs += [0.0] * len(environment)
+        n = len(turn.completion_token_ids)
         response += turn.completion_token_ids
-        mask += [1] * len(turn.completion_token_ids)
         own = list(turn.logprobs)
-        logprobs += own + [0.0] * (len(turn.completion_token_ids) - len(own))
+        logprobs += own + [0.0] * (n - len(own))
+        # Unknown (an older row, an image prompt under a constraint): the sampled ones.
+        model = list(turn.model_logprobs) if len(turn.model_logprobs) == n else own
+        model_logprobs += model + [0.0] * (n - len(model))
+        marks = list(turn.forced) if len(turn.forced) == n else [False] * n
+        forced += marks
+        mask += [0 if mask_forced and mark else 1 for mark in marks]
     if not turns and problem is None:
         problem = "the episode has no policy turn"
     status = row.status if row.status != "ok" or problem is None else "not_one_sequence"
@@ -94,6 +110,8 @@ def flatten(row: TrajectoryRow) -> Sequence:
         response_ids=response[: len(mask)],
         mask=[0] * len(mask) if problem else mask,
         logprobs=logprobs[: len(mask)],
+        forced=forced[: len(mask)],
+        model_logprobs=model_logprobs[: len(mask)],
         reward=row.reward,
         status=status,
         error=problem,

@@ -53,6 +53,8 @@ class RayrolloutGenerator(GeneratorInterface):
         environments: SkyRL ``env_class`` -> rayrollout environment name; a class not named
             here is sent as is (``None`` leaves the run's default environment).
         max_failed_fraction: Raise ``TooManyFailuresError`` when more of a batch failed.
+        mask_forced: Leave the tokens a constraint forced out of ``loss_masks`` (False
+            keeps them).
     """
 
     def __init__(
@@ -60,8 +62,10 @@ class RayrolloutGenerator(GeneratorInterface):
         client: AsyncRolloutClient,
         environments: dict[str, str] | None = None,
         max_failed_fraction: float = 0.5,
+        mask_forced: bool = True,
     ) -> None:
         self.client = client
+        self.mask_forced = mask_forced
         self.environments = environments or {}
         self.max_failed_fraction = max_failed_fraction
         self.last_failures: list[Sequence] = []
@@ -112,7 +116,7 @@ class RayrolloutGenerator(GeneratorInterface):
         sequences = []
         for tid in ids:
             position = sorted(repetitions[tid.instance_id]).index(tid.repetition_id)
-            sequences.append(flatten(groups[tid.instance_id][position]))
+            sequences.append(flatten(groups[tid.instance_id][position], self.mask_forced))
         self.last_sequences = sequences
         self.last_failures = check_failures(sequences, self.max_failed_fraction)
         versions = [v for s in sequences for v in s.policy_versions]

@@ -8,9 +8,10 @@ the dataset with ``dataset_rows(tasks)``). Each run of equal prompts becomes one
 ``n`` samples (a GRPO group), and the answer is one completion per entry, in order:
 ``prompt_ids`` (the first turn's prompt), ``completion_ids`` (every later token: the model's
 and the environment's), ``logprobs`` aligned with them, ``env_mask`` (1 exactly on the
-model's tokens), and as extra keys for reward functions ``rayrollout_reward``,
-``rayrollout_step_rewards``, ``rayrollout_status``, ``rayrollout_policy_version`` and
-``task_id``. ``episode_reward`` is the reward function that returns the episode's reward.
+model's tokens, 0 on those a constraint forced unless ``mask_forced=False``), and as extra
+keys for reward functions ``rayrollout_reward``, ``rayrollout_step_rewards``,
+``rayrollout_status``, ``rayrollout_policy_version`` and ``task_id``. ``episode_reward`` is
+the reward function that returns the episode's reward.
 
 A failed episode, or one played by weights older than ``max_staleness`` versions, keeps its
 place with ``env_mask`` all 0 and its status in ``rayrollout_status``: TRL outside its own
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rayrollout.client import RolloutClient
 from rayrollout.errors import InputError, RayrolloutError
@@ -81,6 +82,12 @@ class RayrolloutRollout:
         trainable: The episode statuses that train; any other keeps its place with
             ``env_mask`` all 0. ``("ok", "truncated")`` also trains episodes cut at
             ``max_tokens`` (TRL's own generation trains truncated completions by default).
+        mask_forced: Tokens a constraint forced (``tool_choice: required``, a grammar) get
+            ``env_mask`` 0: the model chose nothing there, and the sampled logprob (0.0) is
+            not the model's. False keeps them.
+        logprobs: ``"sampled"`` hands TRL the sampling distribution's logprobs (the
+            constrained one under a constraint), ``"model"`` the model's own (a turn's
+            ``model_logprobs``), which TRL's model recomputes.
     """
 
     def __init__(
@@ -90,8 +97,14 @@ class RayrolloutRollout:
         max_staleness: int | None = 0,
         max_dropped_fraction: float = 0.5,
         trainable: tuple[str, ...] = ("ok",),
+        mask_forced: bool = True,
+        logprobs: Literal["sampled", "model"] = "sampled",
     ) -> None:
         self.client = client
+        if logprobs not in ("sampled", "model"):
+            raise InputError(f"logprobs must be 'sampled' or 'model', got {logprobs!r}")
+        self.mask_forced = mask_forced
+        self.logprobs = logprobs
         self.trainable = trainable
         self.max_staleness = max_staleness
         self.max_dropped_fraction = max_dropped_fraction
@@ -131,7 +144,9 @@ class RayrolloutRollout:
             rows.append(task)
         n = sizes.pop()
         groups = group_rows(self.client.generate(rows, n=n))
-        sequences = [flatten(row) for task in rows for row in groups[task["task_id"]]]
+        sequences = [
+            flatten(row, self.mask_forced) for task in rows for row in groups[task["task_id"]]
+        ]
         self.last_sequences = sequences
         return self.answer(sequences, pad_id(trainer))
 
@@ -167,7 +182,8 @@ class RayrolloutRollout:
             completion = s.response_ids or [pad]  # TRL reads each completion's last id
             out["prompt_ids"].append(s.prompt_ids)
             out["completion_ids"].append(completion)
-            out["logprobs"].append(s.logprobs if s.response_ids else [0.0])
+            chosen = s.model_logprobs if self.logprobs == "model" else s.logprobs
+            out["logprobs"].append(chosen if s.response_ids else [0.0])
             out["env_mask"].append(s.mask if keep and s.response_ids else [0] * len(completion))
             out["rayrollout_reward"].append(float(s.reward))
             out["rayrollout_step_rewards"].append(s.step_rewards)

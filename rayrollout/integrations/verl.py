@@ -116,7 +116,8 @@ class RayrolloutAgentLoopManager:
             ``token`` or ``token_file``, ``environments`` (``data_source`` -> rayrollout
             environment), ``max_failed_fraction`` (default 0.5), ``max_tokens`` (per model
             call), ``pad_token_id`` (default: the tokenizer's, else 0), ``write`` (also write
-            the rows to the run's output folder).
+            the rows to the run's output folder), ``mask_forced`` (default true: the tokens
+            a constraint forced are 0 in ``response_mask``).
         client: The rollout service's client (default: built from the settings).
     """
 
@@ -140,6 +141,7 @@ class RayrolloutAgentLoopManager:
         self.environments: dict[str, str] = dict(options.get("environments") or {})
         self.max_failed_fraction = float(options.get("max_failed_fraction", 0.5))
         self.write: bool | None = options.get("write")
+        self.mask_forced = bool(options.get("mask_forced", True))
         self.pad_token_id = self._pad_id(options.get("pad_token_id"))
         self.last_sequences: list[Sequence] = []
         self.last_failures: list[Sequence] = []
@@ -221,7 +223,7 @@ class RayrolloutAgentLoopManager:
                 raise RayrolloutError(
                     f"task {key!r}: the engine returned {len(group)} rows, wanted {n}"
                 )
-            sequences.append(flatten(group[position]))
+            sequences.append(flatten(group[position], self.mask_forced))
         self.last_sequences = sequences
         self.check_failures(sequences)
         return self.to_data_proto(sequences, prompts)

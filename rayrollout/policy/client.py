@@ -39,6 +39,7 @@ from rayrollout.policy.http import (
     PolicyHttp,
     backoff_s,
 )
+from rayrollout.policy.model_logprobs import constraint_of, record_model_logprobs
 from rayrollout.policy.tokens import (
     DeltaRenderer,
     TemplateError,
@@ -232,10 +233,13 @@ class PolicyClient:
         """One request (the openai client's own retries included), errors as policy errors."""
         try:
             if self.config.prompt_mode == "token_ids":
-                return await self._token_ids(call)
-            if self.config.api == "responses":
-                return await self._responses(call)
-            return await self._chat(call)
+                reply = await self._token_ids(call)
+            elif self.config.api == "responses":
+                reply = await self._responses(call)
+            else:
+                reply = await self._chat(call)
+            await self._model_logprobs(call, reply[1])
+            return reply
         except TemplateError as exc:
             raise PolicyError(str(exc)) from exc
         except (HttpTimeout, _openai_error("APITimeoutError")) as exc:
@@ -267,6 +271,17 @@ class PolicyClient:
                 f"policy server {self.base_url} gave an unusable answer: "
                 f"{type(exc).__name__}: {self._brief(str(exc))}"
             ) from exc
+
+    async def _model_logprobs(self, call: _Call, turn: Turn) -> None:
+        """The turn's forced tokens and the model's own logprobs (``policy.model_logprobs``)."""
+        constraint = constraint_of(call.tools, call.tool_choice, self.config.extra_body)
+        await record_model_logprobs(
+            turn,
+            constraint,
+            self.config.model_logprobs,
+            self.config.model,
+            lambda path, body: self.http.post(path, body, call.headers, call.failed),
+        )
 
     async def _chat(self, call: _Call) -> tuple[Message, Turn]:
         cfg = self.config

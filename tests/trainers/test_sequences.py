@@ -103,3 +103,28 @@ def test_an_adapter_without_its_trainer_names_the_install(module, needs):
         pytest.skip(f"{trainer} is installed here")
     with pytest.raises(ImportError, match=re.escape(needs)):
         importlib.import_module(f"rayrollout.integrations.{module}")
+
+
+def test_forced_tokens_are_masked_by_default_and_kept_when_asked():
+    """A constrained turn's forced tokens leave the mask; the model's own logprobs ride
+    along, 0.0 on environment tokens, the sampled ones where a turn recorded none."""
+    rows = row(
+        [
+            turn(
+                [1, 2],
+                [3, 4, 5],
+                extends=False,
+                forced=[True, False, True],
+                model_logprobs=[-7.0, -0.4, -3.0],
+            ),
+            turn([1, 2, 3, 4, 5, 9], [6]),  # unconstrained and from an older row: no fields
+        ]
+    )
+    masked = flatten(rows)
+    assert masked.response_ids == [3, 4, 5, 9, 6]
+    assert masked.mask == [0, 1, 0, 0, 1]
+    assert masked.forced == [True, False, True, False, False]
+    assert masked.model_logprobs == [-7.0, -0.4, -3.0, 0.0, -0.6]
+    assert masked.logprobs == [-0.3, -0.4, -0.5, 0.0, -0.6]
+    kept = flatten(rows, mask_forced=False)
+    assert kept.mask == [1, 1, 1, 0, 1] and kept.forced == masked.forced
