@@ -25,9 +25,10 @@ RESULTS_ENV = "RAYROLLOUT_BENCHMARK_RESULTS"
 """A folder to write results to instead of ``RESULTS``: how ``--runs N`` collects its runs
 (and how tests keep theirs out of ``benchmarks/results/``)."""
 
-RUNS_HELP = (
-    "  --runs N      run the benchmark N times in a row, each in its own process, and keep\n"
-    "                the N runs as one result (the docs pool ratios over at least 3 runs)"
+RUNS_HELP = (  # aligned with argparse's own option help
+    "  --runs N              run the benchmark N times in a row, each in its own process,\n"
+    "                        and keep the N runs as one result (the docs pool a figure\n"
+    "                        over at least 3 runs)"
 )
 
 

@@ -63,6 +63,7 @@ def worker_nodes(address: str, mark: str) -> int:
     actors = list_actors(
         address=address,
         filters=[("class_name", "=", "WorkerActor"), ("state", "=", "ALIVE")],
+        detail=True,  # required_resources is a detail field
         timeout=60,
     )
     return len({a.node_id for a in actors if mark in (a.required_resources or {})})

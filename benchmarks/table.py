@@ -208,6 +208,7 @@ SCALING_COLUMNS = (  # (heading, field of a point)
     ("all engine-side", "engine_side_cpu_ms_per_episode"),
     ("engine actor's share of that CPU", "engine_actor_share"),
     ("one engine actor saturates at, episodes/s", "engine_actor_saturates_at_episodes_per_s"),
+    ("nodes the workers ran on", "worker_nodes"),
 )
 
 

@@ -235,3 +235,23 @@ def test_runs_keeps_n_runs_of_one_command_as_one_series(tmp_path):
     assert series["command"] == "python benchmarks/tiny.py --runs 3"
     assert [r["command"] for r in series["runs"]] == ["python benchmarks/tiny.py"] * 3
     assert json.loads(done.stdout) == series  # stdout holds the one series
+
+
+def test_a_failed_run_of_a_series_keeps_no_run_and_says_so(tmp_path):
+    script = tmp_path / "tiny.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(BENCHMARKS)!r})\n"
+        "from result_files import run_benchmark\n"
+        "def main():\n"
+        "    raise SystemExit(3)\n"
+        "run_benchmark(main)\n"
+    )
+    results = tmp_path / "results"
+    env = {**os.environ, result_files.RESULTS_ENV: str(results)}
+    done = subprocess.run(
+        [sys.executable, str(script), "--runs", "3"], env=env, capture_output=True, text=True
+    )
+    assert done.returncode != 0
+    assert "run 1 of 3 failed (exit 3); no run of this series is kept" in done.stderr
+    assert not results.exists() or not list(results.glob("*.json"))
