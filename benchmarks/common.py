@@ -331,8 +331,8 @@ def warm_engine(base_url: str, warm_up: int, **overrides: Any) -> Iterator[Rollo
     """
     from rayrollout import RolloutEngine
 
-    out = tempfile.mkdtemp(prefix=f"{overrides.get('namespace', 'bench')}-")
-    with RolloutEngine(engine_config(base_url, out, **overrides)) as engine:
-        engine.start()
-        engine.collect(weather_tasks(warm_up, prefix="warm"))
-        yield engine
+    with tempfile.TemporaryDirectory(prefix=f"{overrides.get('namespace', 'bench')}-") as out:
+        with RolloutEngine(engine_config(base_url, out, **overrides)) as engine:
+            engine.start()
+            engine.collect(weather_tasks(warm_up, prefix="warm"))
+            yield engine

@@ -17,6 +17,9 @@ of workers, nodes or GPUs behind it.
 
     python benchmarks/scaling.py --runs 3              # full: 5,000 episodes per point
     python benchmarks/scaling.py --smoke               # seconds of work; checks it still works
+
+It needs a quiet machine: Ray gives a node 30 s to register with the head, and on a busy one
+a node that misses it stops the run (the nodes' logs are then kept and named).
 """
 
 from __future__ import annotations

@@ -223,6 +223,7 @@ TARGETS: tuple[Target, ...] = (
         "engine side's client CPU per generated token / the bare client's (vLLM)",
         "client_cpu_per_token_ratio",
         "<= 2",
+        noise_floor="vllm_ratio_noise_floor",
     ),
     Target(
         "prefix_affinity",
