@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import reference_loop  # noqa: E402
 from common import emit, keep_stdout_for_json, stub_policy  # noqa: E402
+from result_files import run_benchmark  # noqa: E402
 
 from rayrollout.data.config import RunConfig  # noqa: E402
 from rayrollout.data.schema import Message, Task, Trajectory  # noqa: E402
@@ -139,4 +140,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

@@ -32,7 +32,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from common import save_result  # this folder is on sys.path: the benchmark runs as a script
+# this folder is on sys.path: the benchmark runs as a script
+from result_files import run_benchmark, save_result
 
 ROOT = Path(__file__).resolve().parents[1]
 RAYROLLOUT = str(Path(sys.executable).with_name("rayrollout"))
@@ -241,4 +242,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

@@ -1,5 +1,5 @@
 """Shared parts of the benchmarks: a fast OpenAI-protocol stub policy, CPU accounting, JSON out
-(stdout, and the latest result of each benchmark in ``benchmarks/results/``).
+(stdout, and the latest result of each benchmark in ``benchmarks/results/``: ``result_files``).
 
 The stub is an aiohttp server (not Ray Serve) so that what is measured is the engine, not the
 policy server: it plays the scripted policy's strategy with zero (or a fixed) think time.
@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from result_files import save_result
 
 if TYPE_CHECKING:
     from rayrollout import RolloutEngine
@@ -117,7 +119,6 @@ def nemo_gym_own_server(name: str) -> Iterator[tuple[str, int]]:
     its weather tool), started by its ``ng_run`` from ``.venv-nemo-gym`` as the ``nemo_gym``
     test tier does (``bash .ci/nemo_gym`` builds that venv); yields (url, the server's pid).
     Its access log is off, as in production."""
-    from pathlib import Path
 
     tests = Path(__file__).resolve().parents[1] / "tests" / "nemo_gym"
     sys.path.insert(0, str(tests))
@@ -232,37 +233,6 @@ def emit(result: dict[str, Any], name: str | None = None) -> None:
     save_result(result, name)
 
 
-RESULTS = Path(__file__).resolve().parent / "results"
-"""Where each benchmark keeps its latest result; docs/gen_reference.py builds the docs'
-table of figures against targets (``targets.py``) from these files."""
-
-
-def result_path(name: str, smoke: bool) -> Path:
-    """``results/<name>.json``, or ``<name>.smoke.json`` for a ``--smoke`` run, so that CI's
-    smoke runs never replace a full run's figures."""
-    return RESULTS / f"{name}{'.smoke' if smoke else ''}.json"
-
-
-def save_result(result: dict[str, Any], name: str | None = None) -> Path:
-    """Write ``result`` to ``result_path`` with the command that produced it (``command``:
-    the script and its arguments, so a figure can be reproduced); returns the path.
-
-    The name is the script's (``overhead.py`` -> ``overhead``) unless given; the file is
-    written whole and renamed into place, so a reader never sees half of it.
-    """
-    script = Path(sys.argv[0])
-    name = name or script.stem
-    arguments = sys.argv[1:]
-    path = result_path(name, "--smoke" in arguments)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    command = " ".join(["python", f"benchmarks/{script.name}", *arguments])
-    record = {"command": command, **result}
-    temp = path.with_name(f".{path.name}.tmp")
-    temp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(temp, path)
-    return path
-
-
 if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "stub":
     serve_stub(int(sys.argv[4]), float(sys.argv[2]), float(sys.argv[3]))
 
@@ -361,8 +331,8 @@ def warm_engine(base_url: str, warm_up: int, **overrides: Any) -> Iterator[Rollo
     """
     from rayrollout import RolloutEngine
 
-    out = tempfile.mkdtemp(prefix=f"{overrides.get('namespace', 'bench')}-")
-    with RolloutEngine(engine_config(base_url, out, **overrides)) as engine:
-        engine.start()
-        engine.collect(weather_tasks(warm_up, prefix="warm"))
-        yield engine
+    with tempfile.TemporaryDirectory(prefix=f"{overrides.get('namespace', 'bench')}-") as out:
+        with RolloutEngine(engine_config(base_url, out, **overrides)) as engine:
+            engine.start()
+            engine.collect(weather_tasks(warm_up, prefix="warm"))
+            yield engine

@@ -45,6 +45,7 @@ from common import (  # noqa: E402
     stop_ray,
     weather_tasks,
 )
+from result_files import run_benchmark  # noqa: E402
 
 from rayrollout.agentkit import Agent, AgentEpisode  # noqa: E402
 
@@ -302,4 +303,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

@@ -38,6 +38,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 from common import emit  # noqa: E402
 from PIL import Image  # noqa: E402
+from result_files import run_benchmark  # noqa: E402
 
 from rayrollout.data.images import data_url  # noqa: E402
 from rayrollout.data.schema import (  # noqa: E402
@@ -168,4 +169,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

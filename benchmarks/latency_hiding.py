@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common import emit, stub_run, timed_collect, warm_engine, weather_tasks  # noqa: E402
 from overhead import run_bare  # noqa: E402
+from result_files import run_benchmark  # noqa: E402
 
 TURNS = 2
 
@@ -70,4 +71,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

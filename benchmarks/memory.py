@@ -21,6 +21,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common import emit, stub_run, warm_engine, weather_tasks  # noqa: E402
+from result_files import run_benchmark  # noqa: E402
 
 
 def rss_mb(pid: int) -> float:
@@ -88,4 +89,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

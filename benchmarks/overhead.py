@@ -1,7 +1,8 @@
-"""Engine overhead: rayrollout against a bare asyncio + aiohttp loop making the same calls.
+"""Engine overhead against a bare loop of the same calls; one job: both sides, one run, one ratio.
 
-(Over 400 lines for one job: the bare loop must mirror the engine's calls one by one for
-each hosting mode, and both sides are measured in one file so the ratios come from one run.)
+rayrollout against a bare asyncio + aiohttp loop making the same calls. The file is long
+because the bare loop mirrors the engine's calls one by one for each hosting mode, and both
+sides are measured in one file so the ratios come from one run.
 
 Both play the same NeMo Gym rows (``responses_create_params`` with the prompt and the
 ``get_weather`` tool) as single-tool weather episodes against the same zero-latency
@@ -79,6 +80,7 @@ from common import (  # noqa: E402
     stub_policy,
     tree_cpu_seconds,
 )
+from result_files import run_benchmark  # noqa: E402
 
 PROMPT = "What's the weather like in City {i}?"
 # Modes that are more than a hosting name: (the config entry, which the tasks name; its
@@ -561,4 +563,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

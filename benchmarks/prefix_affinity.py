@@ -1,7 +1,7 @@
-"""Episode-to-replica affinity: vLLM's prefix cache hits with and without it, same run.
+"""vLLM's prefix-cache hits with and without episode affinity; one job: one comparison, one run.
 
-(Over 400 lines for one job: the multi-turn client, the deployments per router and the
-reading of vLLM's own counters belong to one measurement, compared inside one run.)
+Episode-to-replica affinity, measured: the multi-turn client, the deployments per router
+and the reading of vLLM's own counters belong to one measurement, compared inside one run.
 
 Deploys ``rayrollout/deployments/vllm/cpu.yaml``
 (2 replicas of the tiny random-weight model, CPU) once
@@ -62,6 +62,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common import emit, free_port, keep_stdout_for_json  # noqa: E402
+from result_files import run_benchmark  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 _KEY_ENV = "RAYROLLOUT_BENCH_POLICY_TOKEN"
@@ -476,4 +477,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

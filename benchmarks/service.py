@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from common import emit, engine_config, stub_run, tree_cpu_seconds, weather_tasks
+from result_files import run_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -189,4 +190,4 @@ def main() -> None:
 _KEYS = ("episodes_per_s", "cpu_ms_per_episode")
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

@@ -46,6 +46,7 @@ from common import (  # noqa: E402
     stub_policy,
     weather_tasks,
 )
+from result_files import run_benchmark  # noqa: E402
 
 READY_LINE = "policy: "
 
@@ -227,4 +228,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

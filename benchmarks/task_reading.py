@@ -30,6 +30,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common import emit  # noqa: E402
+from result_files import run_benchmark  # noqa: E402
 
 CITIES = ["Tokyo", "Oslo", "Lima", "Cairo", "Perth", "Quito", "Hanoi", "Accra"]
 TOOL = {
@@ -148,4 +149,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

