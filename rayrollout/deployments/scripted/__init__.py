@@ -1,6 +1,6 @@
 """The scripted policy: a stand-in for the LLM's judgement that speaks the real OpenAI protocol.
 
-Its policy kind is ``kind.SCRIPTED``. The Serve deployment (``server``) loads on first use
+Its policy kind is ``kind.SCRIPTED``. The Serve deployment (``app``) loads on first use
 of its names, not with the package: looking the kind up by name (the checks before Ray
 starts) or the in-process policy (``local``) never imports Ray Serve.
 """
@@ -18,5 +18,5 @@ __all__ = ["ScriptedPolicy", "scripted_policy_app"]
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        return getattr(importlib.import_module(f"{__name__}.server"), name)
+        return getattr(importlib.import_module(f"{__name__}.app"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
