@@ -22,26 +22,18 @@ from rayrollout.api.collect_plan import (
     CollectPlan,
     InvalidTasksError,
     OutputNotEmptyError,
-    TaskCheck,
     expand,
     refuse_old_parts,
 )
 from rayrollout.api.preflight import (
+    RowEnvironmentCheck,
+    TaskCheck,
     TasksFileError,
-    check_default_agent,
-    check_default_environment,
-    check_environment_available,
-    check_output_folder,
-    check_policy_key,
+    check_setup,
     check_task_agents,
     check_task_environments,
     check_tasks_file,
-    environment_known,
-    environment_unavailable,
-    external_policy,
-    probe_environment_urls,
-    probe_policy,
-    unknown_environments_hint,
+    probe,
 )
 from rayrollout.data.config import ConfigError, RunConfig
 from rayrollout.data.schema import Task
@@ -49,7 +41,6 @@ from rayrollout.data.task_shards import ShardSet, is_shard_set
 from rayrollout.data.tasks import (
     CheckedRow,
     InvalidTaskError,
-    RowRefused,
     SourceRow,
     UniqueTaskIds,
     check_rows,
@@ -57,7 +48,6 @@ from rayrollout.data.tasks import (
 )
 from rayrollout.engine.run_figures import RunSnapshot
 from rayrollout.engine.stats import EnvStats
-from rayrollout.policy.kinds import check_policy
 
 __all__ = [
     "HEAD_ROWS",
@@ -152,14 +142,7 @@ def plan_collect(
             raise TasksFileError(str(exc)) from None
     elif isinstance(source, (str, Path)):
         source = check_tasks_file(source)  # before the checks that need no rows
-    check_default_environment(config)
-    check_default_agent(config)
-    check_policy(config)
-    key: str | None = None
-    if before_start:
-        check_output_folder(config)
-        if external_policy(config):
-            key = check_policy_key(config, require_key)
+    external, key = check_setup(config, before_start=before_start, require_key=require_key)
     plan = CollectPlan("<rows>", repeats, limit=config.limit, skip_invalid=config.skip_invalid)
     if shards is not None or isinstance(source, (str, Path)):
         plan.source = shards.spec if shards is not None else str(source)
@@ -168,8 +151,8 @@ def plan_collect(
         if first is None:
             return plan
         if before_start:
-            _probe(config, key)
-        check = _EnvironmentCheck(config)
+            probe(config, external, key)
+        check = RowEnvironmentCheck(config)
         rows = check_rows(
             itertools.chain([first], raw),
             default_environment=config.environment,
@@ -178,7 +161,7 @@ def plan_collect(
             shards=shards is not None,
             base_dir=None if shards is not None else Path(plan.source).parent,
         )
-        plan._hint = lambda: unknown_environments_hint(config) if check.unknown else ""
+        plan._hint = check.hint
         _read_head(plan, rows, HEAD_ROWS)
         check.started = True  # the rest is read once the run has started
         check_task_agents(plan.head, config, Path(plan.source).name)
@@ -194,7 +177,7 @@ def plan_collect(
     if isinstance(source, Sequence) and not source:
         return plan  # no rows: nothing to start, nothing to probe
     if before_start:
-        _probe(config, key)
+        probe(config, external, key)
     # In memory: a row's unknown environment or agent fails its own episodes, so one row
     # never stops a training loop; ids are unique as in a file (row i is "line" i).
     in_memory: Iterator[SourceRow] = (
@@ -207,13 +190,6 @@ def plan_collect(
         plan.complete = False
         plan._rest = rows
     return plan
-
-
-def _probe(config: RunConfig, key: str | None) -> None:
-    """The network checks before start: the external policy's endpoint, environment URLs."""
-    if external_policy(config):
-        probe_policy(config, key)
-    probe_environment_urls(config)
 
 
 def _read_head(plan: CollectPlan, rows: Iterator[CheckedRow], most: int | None) -> None:
@@ -247,7 +223,7 @@ def _file_rows(path: Path) -> Iterator[SourceRow]:
 
 
 def _shard_rest(
-    shards: ShardSet, config: RunConfig, check: _EnvironmentCheck, unique: UniqueTaskIds
+    shards: ShardSet, config: RunConfig, check: RowEnvironmentCheck, unique: UniqueTaskIds
 ) -> Callable[[], Iterator[CheckedRow]]:
     """What opens the rows after the head, through Ray Data, checked with the head's checks
     (one id set across the whole set); called when the tasks start streaming, Ray up."""
@@ -291,50 +267,6 @@ def _count_rows(path: Path) -> int:
             lines += chunk.count(b"\n")
             last = chunk[-1:]
     return lines + (last != b"\n")
-
-
-class _EnvironmentCheck:
-    """Whether a task's environment is known (registered, in the config, or importable),
-    remembering the answers: the names it found unknown make the error list the known ones.
-
-    A known one this machine cannot run, met in the head, raises
-    ``EnvironmentUnavailableError``: the run's error, and nothing has started. Met past the
-    head (``started``: the run is going), it refuses the row (``RowRefused``): a bad row like
-    any other, named by its line, which stops the run there or goes to the rejects file with
-    ``skip_invalid``; what was submitted before it is played and written."""
-
-    def __init__(self, config: RunConfig) -> None:
-        self.config = config
-        self.started = False
-        self.known: set[str] = set()
-        self.unknown: set[str] = set()
-        self.unavailable: dict[str, str] = {}
-
-    def __call__(self, name: str) -> bool:
-        if name in self.unavailable:
-            raise RowRefused(self.unavailable[name])
-        if name in self.known:
-            return True
-        if name in self.unknown:
-            return False
-        found = environment_known(name, self.config)
-        if found and self.started:
-            reason = environment_unavailable(name, self.config)
-            if reason is not None:
-                self.unavailable[name] = (
-                    f"environment {name!r} cannot run on this machine: {reason}; fix it, "
-                    "then run again with --resume"
-                )
-                raise RowRefused(self.unavailable[name])
-        elif found:
-            check_environment_available(name, self.config)
-        (self.known if found else self.unknown).add(name)
-        return found
-
-
-def environment_checker(config: RunConfig) -> Callable[[str], bool]:
-    """Whether a task's environment is known: registered, in the config, or importable."""
-    return _EnvironmentCheck(config)
 
 
 def nothing_run() -> RunSnapshot:

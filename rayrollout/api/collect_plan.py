@@ -11,12 +11,7 @@ from collections.abc import Callable, Container, Iterable, Iterator
 from pathlib import Path
 from typing import Protocol
 
-from rayrollout.api.preflight import (
-    EnvironmentCheckError,
-    TaskEnvironmentCheck,
-    check_agent,
-    environment_config_problem,
-)
+from rayrollout.api.preflight import TaskCheck
 from rayrollout.data.config import RunConfig
 from rayrollout.data.run_folder import REJECTS_FILE, RunFolder
 from rayrollout.data.schema import Task
@@ -55,8 +50,11 @@ class OutputNotEmptyError(InputError, FileExistsError):
     """A new run met an earlier run's parts in its output folder (without resume/overwrite)."""
 
 
-def refuse_old_parts(folder: RunFolder, config: RunConfig, run_id: str | None) -> list[Path]:
-    """The parts of runs other than ``run_id`` in ``folder`` that ``config`` may write over.
+def refuse_old_parts(
+    folder: RunFolder, run_id: str | None, *, resume: bool, overwrite: bool
+) -> list[Path]:
+    """The parts of runs other than ``run_id`` in ``folder`` that a run may write over (with
+    the config's ``resume`` and ``output.overwrite``).
 
     A new run that met them and would append a second copy of every sample is refused
     unless ``resume`` (write only what is missing) or ``output.overwrite`` (delete them
@@ -66,9 +64,9 @@ def refuse_old_parts(folder: RunFolder, config: RunConfig, run_id: str | None) -
         OutputNotEmptyError: parts of another run, and neither ``resume`` nor ``overwrite``.
     """
     old = folder.parts_of_other_runs(run_id)
-    if not old or config.resume:
+    if not old or resume:
         return []
-    if not config.output.overwrite:
+    if not overwrite:
         runs = sorted({RunFolder.run_of(part) for part in old})
         raise OutputNotEmptyError(
             f"output folder {folder.path} already holds {len(old)} part(s) of an earlier run "
@@ -253,7 +251,9 @@ class CollectPlan:
             OutputNotEmptyError: the folder holds another run's parts (``refuse_old_parts``).
         """
         self._folder = RunFolder(config.output.dir)
-        old = refuse_old_parts(self._folder, config, run_id)
+        old = refuse_old_parts(
+            self._folder, run_id, resume=config.resume, overwrite=config.output.overwrite
+        )
         if config.output.overwrite:
             self._folder.remove(old, rejects=first)
         for exc, raw in self._pending:
@@ -277,41 +277,6 @@ class CollectPlan:
     def specs(self) -> Iterator[EpisodeSpec]:
         """One spec per (task, sample index) not yet written, read as they are taken."""
         return expand(self.tasks, self.num_repeats, self.written)
-
-
-class TaskCheck:
-    """What a streamed row needs beyond its own fields, checked as it is met past the head:
-    the agent it names exists (``preflight.check_agent``, asked once per name), its
-    environment's args can be played (``environment_config_problem``, once per name not
-    met in the head) and its environment can play the row (``TaskEnvironmentCheck``: an id
-    its source registers). A problem is the run's error (``UnknownAgentError``,
-    ``EnvironmentCheckError``), not the row's: the same mistake would fail every row
-    sharing it."""
-
-    def __init__(self, config: RunConfig, head: list[Task]) -> None:
-        self.config = config
-        self.known = {task.agent for task in head if task.agent}
-        self.environments = {task.environment for task in head}
-        self.rows = TaskEnvironmentCheck(config)
-
-    def __call__(self, task: Task, where: str) -> None:
-        if task.agent is not None and task.agent not in self.known:
-            check_agent(task.agent, self.config, f"the 'agent' field of {where}")
-            self.known.add(task.agent)
-        if task.environment not in self.environments:
-            self.environments.add(task.environment)
-            problem = environment_config_problem(task.environment, self.config)
-            if problem is not None:
-                raise EnvironmentCheckError(
-                    f"environment {task.environment!r} (first named at {where}): {problem}; "
-                    "fix it, then run again with --resume"
-                )
-        problem = self.rows.problem(task)
-        if problem is not None:
-            raise EnvironmentCheckError(
-                f"environment {task.environment!r} at {where}: {problem}; fix the row, then "
-                "run again with --resume"
-            )
 
 
 def expand(

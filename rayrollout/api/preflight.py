@@ -1,7 +1,8 @@
-"""Checks before start; one job: every check of a run, each naming its fix, read together.
+"""The checks of a run; one job: every check of a run, each naming its fix, read together.
 
-What a ``collect`` can find wrong in a second, before Ray starts: tasks, environments,
-agents, output, policy. Each check is small, but every one names its fix.
+What a ``collect`` can find wrong in a second, before Ray starts (``check_setup``, ``probe``):
+tasks, environments, agents, output, policy; and what its rows name, as they stream
+(``RowEnvironmentCheck``, ``TaskCheck``). Each check is small, but every one names its fix.
 
 Starting Ray, Serve and the policy takes seconds to minutes; each check turns a mistake that
 would surface only after it (a directory as the tasks file, a ``--base-url`` with nothing
@@ -34,6 +35,7 @@ from rayrollout.agentkit.registry import (
 )
 from rayrollout.data.config import ConfigError, RunConfig
 from rayrollout.data.schema import Task
+from rayrollout.data.tasks import RowRefused
 from rayrollout.envkit.contract import Environment
 from rayrollout.envkit.registry import (
     ENTRY_POINT_GROUP,
@@ -44,7 +46,7 @@ from rayrollout.envkit.registry import (
     load_environment,
 )
 from rayrollout.errors import InputError
-from rayrollout.policy.kinds import policy_kind
+from rayrollout.policy.kinds import check_policy, policy_kind
 
 __all__ = [
     "PROBE_TIMEOUT_S",
@@ -54,6 +56,8 @@ __all__ = [
     "OutputFolderError",
     "PolicyCheckError",
     "PreflightError",
+    "RowEnvironmentCheck",
+    "TaskCheck",
     "TaskEnvironmentCheck",
     "TasksFileError",
     "check_agent",
@@ -63,6 +67,7 @@ __all__ = [
     "check_task_environments",
     "check_output_folder",
     "check_policy_key",
+    "check_setup",
     "check_task_agents",
     "check_tasks_file",
     "environment_config_problem",
@@ -71,6 +76,7 @@ __all__ = [
     "external_policy",
     "known_agents",
     "known_environments",
+    "probe",
     "probe_environment_urls",
     "probe_policy",
     "unknown_agents_hint",
@@ -118,6 +124,43 @@ class EnvironmentUrlError(PreflightError):
 class PolicyCheckError(PreflightError):
     """An external policy without a base URL or key, unreachable, refusing the key, or not
     serving the model."""
+
+
+# Every check that needs no rows, in their order.
+
+
+def check_setup(
+    config: RunConfig, *, before_start: bool, require_key: bool
+) -> tuple[bool, str | None]:
+    """The checks that need no rows, cheap and local first: ``--env``, ``--agent`` and the
+    policy's kind and settings; with ``before_start``, the output folder and an external
+    policy's base URL and key. Returns whether the policy is external (``before_start``
+    only; else False) and its key (None: none to send).
+
+    Raises:
+        UnknownEnvironmentError, UnknownAgentError, AgentArgsError: as
+            ``check_default_environment`` and ``check_default_agent``.
+        UnknownPolicyKindError, ConfigError: as ``policy.kinds.check_policy``.
+        OutputFolderError, PolicyCheckError: ``before_start`` checks.
+    """
+    check_default_environment(config)
+    check_default_agent(config)
+    external = not check_policy(config).deploys(config)
+    if not before_start:
+        return False, None
+    check_output_folder(config)
+    return external, check_policy_key(config, require_key) if external else None
+
+
+def probe(config: RunConfig, external: bool, key: str | None) -> None:
+    """The network checks before start: an external policy's endpoint, environment URLs.
+
+    Raises:
+        PolicyCheckError, EnvironmentUrlError: as ``probe_policy``, ``probe_environment_urls``.
+    """
+    if external:
+        probe_policy(config, key)
+    probe_environment_urls(config)
 
 
 # The tasks path.
@@ -175,11 +218,18 @@ def environment_known(name: str, config: RunConfig) -> bool:
 
 def unknown_environments_hint(config: RunConfig) -> str:
     """What to do about an unknown environment name, listing the known ones."""
-    known = ", ".join(known_environments(config)) or "none"
+    known = known_environments(config)
+    return _unknown_hint("environments", known, "env", ENTRY_POINT_GROUP, "environments")
+
+
+def _unknown_hint(what: str, known: list[str], command: str, group: str, section: str) -> str:
+    """What to do about an unknown name of ``what`` (environments, agents): the ``known``
+    ones (``rayrollout COMMAND list``), and the ways to add one: entry point ``group``,
+    ``SECTION.NAME.path`` in the config, or ``module:Class``."""
     return (
-        f"Known environments: {known} (`rayrollout env list`); to add one, register it under "
-        f"the '{ENTRY_POINT_GROUP}' entry point, set environments.NAME.path in the config, or "
-        "name it as 'module:Class'"
+        f"Known {what}: {', '.join(known) or 'none'} (`rayrollout {command} list`); to add "
+        f"one, register it under the '{group}' entry point, set {section}.NAME.path in the "
+        "config, or name it as 'module:Class'"
     )
 
 
@@ -257,6 +307,49 @@ def check_environment_available(name: str, config: RunConfig) -> None:
         )
 
 
+class RowEnvironmentCheck:
+    """Whether a task's environment is known (registered, in the config, or importable),
+    remembering the answers: the names it found unknown make the error list the known ones.
+
+    A known one this machine cannot run, met in the head, raises
+    ``EnvironmentUnavailableError``: the run's error, and nothing has started. Met past the
+    head (``started``: the run is going), it refuses the row (``RowRefused``): a bad row like
+    any other, named by its line, which stops the run there or goes to the rejects file with
+    ``skip_invalid``; what was submitted before it is played and written."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.started = False
+        self.known: set[str] = set()
+        self.unknown: set[str] = set()
+        self.unavailable: dict[str, str] = {}
+
+    def __call__(self, name: str) -> bool:
+        if name in self.unavailable:
+            raise RowRefused(self.unavailable[name])
+        if name in self.known:
+            return True
+        if name in self.unknown:
+            return False
+        found = environment_known(name, self.config)
+        if found and self.started:
+            reason = environment_unavailable(name, self.config)
+            if reason is not None:
+                self.unavailable[name] = (
+                    f"environment {name!r} cannot run on this machine: {reason}; fix it, "
+                    "then run again with --resume"
+                )
+                raise RowRefused(self.unavailable[name])
+        elif found:
+            check_environment_available(name, self.config)
+        (self.known if found else self.unknown).add(name)
+        return found
+
+    def hint(self) -> str:
+        """The known environments, once a name was found unknown; else nothing."""
+        return unknown_environments_hint(self.config) if self.unknown else ""
+
+
 class TaskEnvironmentCheck:
     """Whether each row's environment can play it (``Environment.task_problem``: a GEM id,
     a skyrl-gym ``env_class`` its source registers), asked row by row with each environment
@@ -305,6 +398,41 @@ def check_task_environments(tasks: Iterable[Task], config: RunConfig, source: st
         )
 
 
+class TaskCheck:
+    """What a streamed row needs beyond its own fields, checked as it is met past the head:
+    the agent it names exists (``check_agent``, asked once per name), its
+    environment's args can be played (``environment_config_problem``, once per name not
+    met in the head) and its environment can play the row (``TaskEnvironmentCheck``: an id
+    its source registers). A problem is the run's error (``UnknownAgentError``,
+    ``EnvironmentCheckError``), not the row's: the same mistake would fail every row
+    sharing it."""
+
+    def __init__(self, config: RunConfig, head: list[Task]) -> None:
+        self.config = config
+        self.known = {task.agent for task in head if task.agent}
+        self.environments = {task.environment for task in head}
+        self.rows = TaskEnvironmentCheck(config)
+
+    def __call__(self, task: Task, where: str) -> None:
+        if task.agent is not None and task.agent not in self.known:
+            check_agent(task.agent, self.config, f"the 'agent' field of {where}")
+            self.known.add(task.agent)
+        if task.environment not in self.environments:
+            self.environments.add(task.environment)
+            problem = environment_config_problem(task.environment, self.config)
+            if problem is not None:
+                raise EnvironmentCheckError(
+                    f"environment {task.environment!r} (first named at {where}): {problem}; "
+                    "fix it, then run again with --resume"
+                )
+        problem = self.rows.problem(task)
+        if problem is not None:
+            raise EnvironmentCheckError(
+                f"environment {task.environment!r} at {where}: {problem}; fix the row, then "
+                "run again with --resume"
+            )
+
+
 def _sentence(text: str) -> str:
     """``text`` ending as a sentence ends (a question keeps its mark)."""
     text = text.rstrip()
@@ -322,12 +450,8 @@ def known_agents(config: RunConfig) -> list[str]:
 
 def unknown_agents_hint(config: RunConfig) -> str:
     """What to do about an unknown agent name, listing the known ones."""
-    known = ", ".join(known_agents(config)) or "none"
-    return (
-        f"Known agents: {known} (`rayrollout agent list`); to add one, register it under the "
-        f"'{AGENT_ENTRY_POINT_GROUP}' entry point, set agent_settings.NAME.path in the config, "
-        "or name it as 'module:Class'"
-    )
+    known = known_agents(config)
+    return _unknown_hint("agents", known, "agent", AGENT_ENTRY_POINT_GROUP, "agent_settings")
 
 
 def check_agent(name: str, config: RunConfig, where: str) -> None:

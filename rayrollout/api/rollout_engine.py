@@ -211,7 +211,8 @@ class RolloutEngine:
                 "another --namespace"
             )
         if new_run:  # cheap, before the policy deploys; checked again under the lock
-            refuse_old_parts(RunFolder(self.config.output.dir), self.config, None)
+            output, resume = self.config.output, self.config.resume
+            refuse_old_parts(RunFolder(output.dir), None, resume=resume, overwrite=output.overwrite)
         token = self.route_token.get_secret_value()
         try:  # for a person calling the routes by hand; the run itself never reads it
             write_token_file(route_token_path(namespace), token)
@@ -380,7 +381,11 @@ class RolloutEngine:
             ConfigError: no tasks given, or the tasks file does not exist.
             EngineExistsError, WriterError: as ``start``.
         """
-        plan = plan_collect(tasks, self.config, num_repeats, before_start=self.engine is None)
+        if isinstance(tasks, CollectPlan):  # planned, and checked, by the caller
+            plan = tasks
+            plan.num_repeats = num_repeats or plan.num_repeats
+        else:
+            plan = plan_collect(tasks, self.config, num_repeats, before_start=self.engine is None)
         if plan.empty and self.engine is None:  # a file without rows: start nothing
             return CollectResult(
                 Path(self.config.output.dir), self.config.output.format, nothing_run()

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from rayrollout.cli.common import console, fail, overrides
+from rayrollout.cli.common import config_option, console, fail, overrides
 
 # The registry, the engine's episode and the policy client load in the command that needs
 # them, not at import: `--help` should cost nothing (tests/test_startup.py).
@@ -79,24 +79,19 @@ def agent_test(
     ] = None,
     model: Annotated[
         str | None,
-        typer.Option(
-            "--model",
-            help="Model name sent to it.",
-            show_default="--config's policy.model, else scripted",
-        ),
+        config_option("policy.model", "scripted", "--model", help="Model name sent to it."),
     ] = None,
     api: Annotated[
         str | None,
-        typer.Option(
-            "--api", help="chat or responses.", show_default="--config's policy.api, else chat"
-        ),
+        config_option("policy.api", "chat", "--api", help="chat or responses."),
     ] = None,
     episode_timeout: Annotated[
         float | None,
-        typer.Option(
+        config_option(
+            "episode.timeout_s",
+            "1800.0",
             "--episode-timeout",
             help="Seconds the agent may take per episode.",
-            show_default="--config's episode.timeout_s, else 1800.0",
         ),
     ] = None,
     config_file: Annotated[

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from rayrollout.cli.common import fail, overrides
+from rayrollout.cli.common import config_option, fail, overrides
 
 if TYPE_CHECKING:  # the config (pydantic, the output folder's pyarrow) loads when a command runs
     from rayrollout.data.config import RunConfig
@@ -25,9 +25,7 @@ ConfigFile = Annotated[Path | None, typer.Option("--config", help="YAML config."
 # out so that --help loads no config; tests/test_cli_help.py checks them).
 Namespace = Annotated[
     str | None,
-    typer.Option(
-        "--namespace", help="Ray namespace.", show_default="--config's namespace, else rayrollout"
-    ),
+    config_option("namespace", "rayrollout", "--namespace", help="Ray namespace."),
 ]
 Address = Annotated[
     str | None,
@@ -73,19 +71,16 @@ def up(
     address: Address = None,
     service_host: Annotated[
         str | None,
-        typer.Option(
+        config_option(
+            "service.host",
+            "127.0.0.1",
             "--service-host",
             help="Bind address of the HTTP rollout service.",
-            show_default="--config's service.host, else 127.0.0.1",
         ),
     ] = None,
     service_port: Annotated[
         int | None,
-        typer.Option(
-            "--service-port",
-            help="Its port (0: any free).",
-            show_default="--config's service.port, else 0",
-        ),
+        config_option("service.port", "0", "--service-port", help="Its port (0: any free)."),
     ] = None,
     resume: Annotated[
         bool,

@@ -1,132 +1,26 @@
-"""``rayrollout collect`` and ``rayrollout demo``: flags to a config, one
-``RolloutEngine.collect``, and what a terminal shows of it (skipped rows, progress, summary).
+"""``rayrollout collect`` and ``rayrollout demo``: flags to a config, handed to ``run_collect``.
 
-Planning and checks are the API's, so a Python caller gets the same run; a mistake is one
-line and exit 2 before Ray starts.
+The config is read here once; ``terminal_run.run_collect`` plans, checks and runs it (the
+API's planning, so a Python caller gets the same run), showing it on the terminal.
 """
 
 from __future__ import annotations
 
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
 
-from rayrollout.cli.common import console, fail, overrides
+from rayrollout.cli.common import config_option, console, fail, overrides
 from rayrollout.cli.console_log import routed_logs
-
-# The API, the config and the output folder (Ray, pydantic, pyarrow) load when a command
-# runs, not when the app is built: `rayrollout --help` imports none of them.
-if TYPE_CHECKING:
-    from rayrollout.api.collect import CollectPlan
-    from rayrollout.data.config import RunConfig
-    from rayrollout.engine.run_figures import RunSnapshot
+from rayrollout.cli.terminal_run import run_collect, sigterm_as_interrupt
 
 # rayrollout.data.run_folder.REJECTS_FILE, spelled out for --help (tests/test_startup.py)
 _REJECTS_FILE = "_rejects.jsonl"
 
 __all__ = ["collect", "demo", "parse_env_urls", "run_collect"]
-
-
-def run_collect(config: RunConfig) -> RunSnapshot:
-    """Run ``collect`` for a config, showing progress and the summary; returns the figures.
-
-    Every check before start and the tasks' first rows run first (``plan_collect``), so a
-    mistake costs no Ray start-up; a tasks file without rows ends here with a notice, exit 0.
-    The rest of the rows stream to the engine as it takes them: a row skipped on the way is
-    printed as it is met (the first ``MAX_ERRORS_SHOWN``), and the bar's total, an estimate
-    from a count of the rows made beside the start, appears once the count is done.
-    """
-    from rayrollout.api.collect import MAX_ERRORS_SHOWN, plan_collect
-
-    # The engine (Ray, Serve) is imported once the checks before start have passed: a dead
-    # policy URL or a bad first row is reported without paying for it.
-    plan = plan_collect(None, config, before_start=True, require_key=True)
-    if plan.empty:
-        console.print(
-            f"nothing to run: {plan.source} has no tasks (not one row); nothing was started "
-            "and no output folder was made",
-            highlight=False,
-            soft_wrap=True,
-        )
-        raise typer.Exit(0)
-    from rayrollout.api.rollout_engine import RolloutEngine
-    from rayrollout.cli.progress import RunProgress, summary_table
-    from rayrollout.data.run_folder import REJECTS_FILE
-
-    engine = RolloutEngine(config)
-    progress = RunProgress(console)
-    planned: list[CollectPlan] = []
-
-    def show_plan(plan: CollectPlan) -> None:
-        # Again now that Ray is up: ray.init installs its own SIGTERM handler (it prints a
-        # stack and dies with rc 15), which would skip the flush of finished episodes.
-        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-        planned.append(plan)
-        for exc, _ in plan.rejects[:MAX_ERRORS_SHOWN]:
-            console.print(f"[yellow]skipped[/yellow] {escape(str(exc))}", highlight=False)
-        plan.on_reject = skipped
-        if engine.config.resume:
-            console.print(
-                f"resume: {len(plan.written)} episode(s) already in {engine.config.output.dir}"
-            )
-        console.print(
-            f"policy: {engine.policy_url} ({engine.config.policy.model}); "
-            f"workers: {config.workers.num_workers}; concurrency: {config.concurrency}"
-        )
-        progress.begin(plan.episodes)
-
-    def skipped(exc: Exception) -> None:  # a row skipped while the run streams
-        if planned[0].rejected <= MAX_ERRORS_SHOWN:
-            console.print(f"[yellow]skipped[/yellow] {escape(str(exc))}", highlight=False)
-
-    def update(snapshot: RunSnapshot) -> None:
-        if planned and not planned[0].complete:  # the estimate moves as rows are counted
-            progress.begin(planned[0].episodes)  # and rejected
-        progress.update(snapshot)
-
-    with engine:
-        try:
-            with progress:
-                result = engine.collect(plan, on_plan=show_plan, on_progress=update)
-                progress.begin(result.summary.total.episodes)  # the bar ends full
-        except KeyboardInterrupt:
-            console.print("[yellow]interrupted:[/yellow] writing finished episodes ...")
-            engine.flush()
-            where = engine.config.output.dir  # an attached engine's, once started
-            console.print(f"finished episodes are in {where}; run again with --resume to complete")
-            raise typer.Exit(130) from None
-    summary = result.summary
-    out_dir, fmt = Path(engine.config.output.dir), engine.config.output.format
-    console.print(summary_table(summary))
-    rejects = planned[0].rejected if planned else 0
-    if rejects:
-        console.print(f"{rejects} invalid row(s) skipped; see {out_dir / REJECTS_FILE}")
-    console.print(  # unwrapped: the path and the call stay whole, to copy
-        f"[green]wrote {summary.rows_written} trajectories[/green] to {out_dir}/ "
-        f"({fmt}); {_how_to_open(out_dir)}",
-        soft_wrap=True,
-    )
-    return summary
-
-
-def _how_to_open(out_dir: Path) -> str:
-    """How to read the folder back, for the formats its parts are in: a JSONL folder is not
-    Parquet, and a folder holding both (a run resumed in another format) reads whole only
-    through rayrollout."""
-    from rayrollout.data.run_folder import RunFolder
-
-    formats = {part.suffix for part in RunFolder(out_dir).parts()}
-    if formats == {".parquet"}:
-        return f"open with pandas.read_parquet('{out_dir}') or ray.data.read_parquet."
-    if formats == {".jsonl"}:
-        return (
-            f"open with rayrollout.read_trajectories('{out_dir}'), or pandas.read_json(part, "
-            "lines=True) for each part-*.jsonl."
-        )
-    return f"open with rayrollout.read_trajectories('{out_dir}') (it reads every format)."
 
 
 def parse_env_urls(values: list[str], default_name: str | None = None) -> dict[str, dict[str, str]]:
@@ -151,12 +45,6 @@ def parse_env_urls(values: list[str], default_name: str | None = None) -> dict[s
     return out
 
 
-def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
-    """SIGTERM (a scheduler's stop, ``kill``) ends the run as Ctrl-C does: finished episodes
-    are written, then exit 130, and ``--resume`` completes the run."""
-    raise KeyboardInterrupt
-
-
 # collect's flags, in the order `collect --help` lists them (the demo shares --config).
 # readable=False: click's own check would print a boxed usage error; the API's check
 # (api.preflight.check_tasks_file) prints one line naming the fix, for Python callers too.
@@ -167,24 +55,16 @@ _TASKS = typer.Argument(
 )
 # A flag left out takes the --config file's value, else the config's own default: --help
 # shows both (spelled out so that --help loads no config; tests/test_cli_help.py checks them).
-_OUT = typer.Option(
-    "--out",
-    "-o",
-    help="Output folder of part files.",
-    show_default="--config's output.dir, else rollouts",
-)
-_FORMAT = typer.Option(
-    "--format",
-    help="parquet or jsonl.",
-    show_default="--config's output.format, else parquet",
-)
+_OUT = config_option("output.dir", "rollouts", "--out", "-o", help="Output folder of part files.")
+_FORMAT = config_option("output.format", "parquet", "--format", help="parquet or jsonl.")
 _ENV = typer.Option("--env", help="Environment for rows that name none.")
-_AGENT = typer.Option(
+_AGENT = config_option(
+    "agent",
+    "tool_loop",
     "--agent",
     help="Agent for rows that name none (`rayrollout agent list`). Unset, an environment "
     "that declares one plays with its own (reset_step for GEM, skyrl-gym and OpenEnv; "
     "verifiers for verifiers).",
-    show_default="--config's agent, else tool_loop",
 )
 _ENV_URL = typer.Option(
     "--env-url",
@@ -192,11 +72,12 @@ _ENV_URL = typer.Option(
     "(repeatable). Rows name it in 'environment'; rows that name none play on it when it is "
     "the only --env-url and no --env is set.",
 )
-_POLICY = typer.Option(
+_POLICY = config_option(
+    "policy.kind",
+    "scripted",
     "--policy",
     help="Policy kind: 'scripted' (built-in test policy), or one a package registers "
     "(rayrollout.policies entry point), its own settings in --config's policy section.",
-    show_default="--config's policy.kind, else scripted",
 )
 _BASE_URL = typer.Option(
     "--base-url",
@@ -207,34 +88,21 @@ _POLICY_CONFIG = typer.Option(
     "--policy-config",
     help="Deploy vLLM on Ray Serve LLM from this file (rayrollout/deployments/vllm/cpu.yaml).",
 )
-_MODEL = typer.Option(
-    "--model",
-    help="Model name sent to the endpoint.",
-    show_default="--config's policy.model, else scripted",
+_MODEL = config_option(
+    "policy.model", "scripted", "--model", help="Model name sent to the endpoint."
 )
-_API = typer.Option(
-    "--api", help="chat or responses.", show_default="--config's policy.api, else chat"
+_API = config_option("policy.api", "chat", "--api", help="chat or responses.")
+_NUM_REPEATS = config_option("num_repeats", "1", "--num-repeats", "-n", help="Samples per task.")
+_CONCURRENCY = config_option(
+    "concurrency", "256", "--concurrency", "-c", help="Episodes running at once, at most."
 )
-_NUM_REPEATS = typer.Option(
-    "--num-repeats",
-    "-n",
-    help="Samples per task.",
-    show_default="--config's num_repeats, else 1",
-)
-_CONCURRENCY = typer.Option(
-    "--concurrency",
-    "-c",
-    help="Episodes running at once, at most.",
-    show_default="--config's concurrency, else 256",
-)
-_NUM_WORKERS = typer.Option(
+_NUM_WORKERS = config_option(
+    "workers.num_workers",
+    "2",
     "--num-workers",
     help="Worker actors: Ray actors that each play their share of the episodes.",
-    show_default="--config's workers.num_workers, else 2",
 )
-_LIMIT = typer.Option(
-    "--limit", help="Read at most this many tasks.", show_default="--config's limit, else all"
-)
+_LIMIT = config_option("limit", "all", "--limit", help="Read at most this many tasks.")
 _RESUME = typer.Option(
     "--resume",
     help="Finish the run in --out: write only the (task_id, sample_index) pairs missing there "
@@ -248,10 +116,8 @@ _OVERWRITE = typer.Option(
 _SKIP_INVALID = typer.Option(
     "--skip-invalid", help=f"Run valid rows; write bad ones to {_REJECTS_FILE}."
 )
-_NAMESPACE = typer.Option(
-    "--namespace",
-    help="Ray namespace of the run.",
-    show_default="--config's namespace, else rayrollout",
+_NAMESPACE = config_option(
+    "namespace", "rayrollout", "--namespace", help="Ray namespace of the run."
 )
 _CONFIG = typer.Option("--config", help="YAML config; flags override it.")
 _VERBOSE = typer.Option(
@@ -327,7 +193,7 @@ def collect(
     if run_config.environment is None and len(urls) == 1:
         # One --env-url and no --env (flag or config): rows naming none play on that server.
         run_config = load_config(config, {**flags, "environment": next(iter(urls))})
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    signal.signal(signal.SIGTERM, sigterm_as_interrupt)
     with routed_logs(console, run_config.output.dir, verbose):
         summary = run_collect(run_config)
         from rayrollout.cli.failures import report_failures  # after the run, as the engine
@@ -344,11 +210,7 @@ def demo(
     ] = 12,
     agent: Annotated[
         str | None,
-        typer.Option(
-            "--agent",
-            help="Agent that plays every episode.",
-            show_default="--config's agent, else tool_loop",
-        ),
+        config_option("agent", "tool_loop", "--agent", help="Agent that plays every episode."),
     ] = None,
     config: Annotated[Path | None, _CONFIG] = None,
     verbose: Annotated[bool, _VERBOSE] = False,

@@ -50,3 +50,9 @@ def overrides(**flags: Any) -> dict[str, Any]:
             node = node.setdefault(parent, {})
         node[leaf] = value
     return out
+
+
+def config_option(key: str, default: str, *names: str, help: str) -> Any:
+    """A flag that overrides the --config file's ``key``: --help shows both defaults (spelled
+    out, so that --help loads no config)."""
+    return typer.Option(*names, help=help, show_default=f"--config's {key}, else {default}")

@@ -17,16 +17,9 @@ names lazily, so importing this package runs none of them).
 
 from __future__ import annotations
 
+from rayrollout.client import errors
 from rayrollout.client.aio import AsyncRolloutClient
-from rayrollout.client.errors import (
-    BadRequestError,
-    BatchConflictError,
-    BatchNotFoundError,
-    EngineGoneError,
-    ServiceBusyError,
-    ServiceError,
-    UnauthorizedError,
-)
+from rayrollout.client.errors import *  # noqa: F403  # what a call raises: errors.__all__
 from rayrollout.client.models import (
     BatchStatus,
     EngineStats,
@@ -43,22 +36,16 @@ from rayrollout.client.sync import RolloutClient
 
 __all__ = [
     "AsyncRolloutClient",
-    "BadRequestError",
-    "BatchConflictError",
-    "BatchNotFoundError",
     "BatchStatus",
-    "EngineGoneError",
     "EngineStats",
     "Limits",
     "PauseAnswer",
     "RolloutClient",
     "RowError",
-    "ServiceBusyError",
-    "ServiceError",
     "ServiceInfo",
     "StreamedTrajectory",
     "TrajectoryRow",
     "Turn",
-    "UnauthorizedError",
     "WeightsAnswer",
 ]
+__all__ += errors.__all__

@@ -65,3 +65,13 @@ class BatchConflictError(_Answer, InputError, ValueError):
 class EngineGoneError(ClusterError, ConnectionError):
     """No service answers at the URL after the client's retries, or the service's engine
     died: `rayrollout status` says what is up, `rayrollout up` starts it again."""
+
+
+ERROR_BY_STATUS: dict[int, type[Exception]] = {
+    400: BadRequestError,
+    401: UnauthorizedError,
+    404: BatchNotFoundError,
+    409: BatchConflictError,
+    429: ServiceBusyError,
+}
+"""The class an error status raises (any other: ``ServiceError``; 503: ``EngineGoneError``)."""

@@ -15,7 +15,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Generator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from rayrollout.auth import read_token_file
 from rayrollout.client.errors import BatchNotFoundError, EngineGoneError, ServiceError
@@ -30,7 +30,7 @@ from rayrollout.client.models import (
 )
 from rayrollout.client.transport import CONNECTION_ERRORS, Transport
 
-__all__ = ["RolloutClient"]
+__all__ = ["ClientOptions", "RolloutClient", "SubmitOptions"]
 
 STREAM_TIMEOUT_S = 60.0  # the service sends a keepalive line every few seconds of silence
 _SUBMITS_KEPT = 256  # submits remembered, to send again after an engine restart
@@ -41,6 +41,25 @@ def read_token(token: str | None, token_file: str | Path | None) -> str | None:
     if token is not None or token_file is None:
         return token
     return read_token_file(token_file)
+
+
+class ClientOptions(TypedDict, total=False):
+    """``RolloutClient``'s keyword arguments (``AsyncRolloutClient`` takes the same)."""
+
+    token_file: str | Path | None
+    timeout_s: float
+    retries: int
+    backoff_s: float
+    restart_wait_s: float
+
+
+class SubmitOptions(TypedDict, total=False):
+    """``RolloutClient.submit``'s keyword arguments (``AsyncRolloutClient.submit``'s too)."""
+
+    batch_id: str | None
+    write: bool | None
+    skip_invalid: bool
+    resubmit: bool
 
 
 class RolloutClient:

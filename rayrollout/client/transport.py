@@ -14,15 +14,7 @@ import time
 import urllib.parse
 from typing import Any
 
-from rayrollout.client.errors import (
-    BadRequestError,
-    BatchConflictError,
-    BatchNotFoundError,
-    EngineGoneError,
-    ServiceBusyError,
-    ServiceError,
-    UnauthorizedError,
-)
+from rayrollout.client.errors import ERROR_BY_STATUS, EngineGoneError, ServiceError
 
 __all__ = ["RETRYABLE_STATUS", "Transport", "raise_for_status"]
 
@@ -30,14 +22,6 @@ RETRYABLE_STATUS = frozenset({502, 503, 504})
 # What a dropped or refused connection raises: OSError (refused, reset, timed out) and
 # http.client's own (RemoteDisconnected, IncompleteRead, BadStatusLine).
 CONNECTION_ERRORS = (OSError, http.client.HTTPException)
-
-_ERRORS: dict[int, type[Exception]] = {
-    400: BadRequestError,
-    401: UnauthorizedError,
-    404: BatchNotFoundError,
-    409: BatchConflictError,
-    429: ServiceBusyError,
-}
 
 
 def raise_for_status(status: int, body: bytes) -> dict[str, Any]:
@@ -53,7 +37,7 @@ def raise_for_status(status: int, body: bytes) -> dict[str, Any]:
     detail = str(answer.get("detail") or answer)
     if status == 503:
         raise EngineGoneError(f"the rollout service answered 503: {detail}")
-    raise _ERRORS.get(status, ServiceError)(status, detail, answer)
+    raise ERROR_BY_STATUS.get(status, ServiceError)(status, detail, answer)
 
 
 def _json_body(method: str, path: str, payload: Any) -> bytes:

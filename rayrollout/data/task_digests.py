@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import array
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -139,25 +139,22 @@ class DigestTable:
 
     def set(self, item: bytes, value: Any) -> None:
         """Keep ``value`` for ``item``, replacing the value kept before."""
-        key = digest(item)
-        place, index = self._where(key)
-        if place is None:
-            self._add(key, value)
-        elif isinstance(place, dict):
-            place[key] = value
-        elif place.values is not None:
-            place.values[index] = value
+        self._put(item, value, lambda kept: value)
 
     def set_max(self, item: bytes, value: int) -> None:
         """Keep the larger of ``value`` and the value kept for ``item`` (scalar values)."""
+        self._put(item, value, lambda kept: max(int(kept), value))
+
+    def _put(self, item: bytes, value: Any, combine: Callable[[Any], Any]) -> None:
+        """Keep ``value`` for a new ``item``, else ``combine(value kept)`` in its place."""
         key = digest(item)
         place, index = self._where(key)
         if place is None:
             self._add(key, value)
         elif isinstance(place, dict):
-            place[key] = max(place[key], value)
+            place[key] = combine(place[key])
         elif place.values is not None:
-            place.values[index] = max(int(place.values[index]), value)
+            place.values[index] = combine(place.values[index])
 
     def load(self, items: Iterable[bytes] | Iterable[tuple[bytes, int]]) -> None:
         """Add many keys at once (a folder's written keys): keys, or ``(key, value)`` pairs

@@ -54,14 +54,8 @@ _DEAD_FEEDER_S = 30.0  # how long a revival waits for the dead engine's calls to
 
 
 def limits_of(config: RunConfig) -> Limits:
-    s = config.service
-    return Limits(
-        max_buffered_rows=s.max_buffered_rows,
-        max_open_batches=s.max_open_batches,
-        max_tasks_per_submit=s.max_tasks_per_submit,
-        max_samples_per_task=s.max_samples_per_task,
-        max_body_mb=s.max_body_mb,
-    )
+    """The service's limits a client reads (``/v1/info``): the settings of the same names."""
+    return Limits(**config.service.model_dump(include=set(Limits.model_fields)))
 
 
 def _invalid(exc: ValidationError, prefix: str = "") -> HttpError:
