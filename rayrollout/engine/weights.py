@@ -34,7 +34,12 @@ from rayrollout.client.models import MAX_VERSION
 from rayrollout.data.config import RunConfig
 from rayrollout.errors import InputError
 from rayrollout.policy.gate import PAUSE_MODES, PauseMode
-from rayrollout.policy.kinds import WeightBackend, WeightUpdateError, policy_kind
+from rayrollout.policy.kinds import (
+    WeightBackend,
+    WeightUpdateError,
+    interrupt_refusal,
+    policy_kind,
+)
 
 __all__ = [
     "WeightSync",
@@ -103,7 +108,7 @@ class WeightSync:
         # What the policy's routes take, as the workers send it (secret_env.workers_policy_key):
         # the run's token for a policy the run deployed, else the policy key (a vLLM app
         # already up takes it on its control routes too).
-        kind = policy_kind(config.policy.kind)
+        kind = self.kind = policy_kind(config.policy.kind)
         self.backend: WeightBackend = kind.weight_backend(config, policy_url, policy_key)
         self.version = 0
         self.paused = False
@@ -120,6 +125,10 @@ class WeightSync:
         mode = mode or self.config.training.pause_mode
         if mode not in PAUSE_MODES:
             raise ValueError(f"unknown pause mode {mode!r}: use one of {', '.join(PAUSE_MODES)}")
+        if mode == "interrupt":
+            refusal = interrupt_refusal(self.kind, self.config)
+            if refusal is not None:
+                raise ValueError(f"pause mode 'interrupt' refused: {refusal}")
         async with self.lock:
             return await self._pause(mode)
 
@@ -137,6 +146,10 @@ class WeightSync:
         except BaseException:
             await self._resume()
             raise
+        if mode == "interrupt":  # the server stopped every call: each back, tokens kept
+            await asyncio.gather(
+                *(worker.settle.remote() for worker in self.workers), return_exceptions=True
+            )
         return {
             "mode": mode,
             "calls_in_flight": sum(n for n in answers if isinstance(n, int)),
