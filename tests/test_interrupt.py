@@ -46,11 +46,14 @@ class FakeVllm:
     async def completions(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.bodies.append(body)
-        await self.running.wait()
         prompt, out = list(body["prompt"]), []
         self.in_flight += 1
         finish = "length"
         try:
+            while not self.running.is_set():  # paused: queued until resume, or stopped
+                if self.abort.is_set():
+                    return self.answer(out, "abort", prompt)
+                await asyncio.sleep(0.001)
             for _ in range(body["max_tokens"]):
                 if self.abort.is_set():
                     finish = "abort"
@@ -59,6 +62,9 @@ class FakeVllm:
                 out.append(next_token(prompt + out, self.version))
         finally:
             self.in_flight -= 1
+        return self.answer(out, finish, prompt)
+
+    def answer(self, out: list[int], finish: str, prompt: list[int]) -> web.Response:
         choice = {
             "index": 0,
             "text": "".join(f" w{t}" for t in out),
@@ -131,7 +137,7 @@ async def update_mid_call(
     assert await gate.pause(mode) == calls
     await server.pause()  # the backend's pause: vLLM aborts every request in flight
     if mode == "interrupt":
-        await asyncio.wait_for(gate.settle(), 5)
+        assert await gate.settle(5)
     server.version = 1
     server.resume()
     gate.resume(1)
@@ -185,7 +191,7 @@ async def test_interrupt_pause_returns_with_every_call_stopped_and_its_tokens_ke
     await asyncio.sleep(0.2)
     await gate.pause("interrupt")
     await server.pause()
-    await gate.settle()
+    assert await gate.settle(5)
     assert server.in_flight == 0 and not gate.calls and gate.counts["interrupted"] == 1
     kept = gate.counts["kept_tokens"]
     await asyncio.sleep(0.1)  # nothing moves while paused
@@ -195,6 +201,31 @@ async def test_interrupt_pause_returns_with_every_call_stopped_and_its_tokens_ke
     gate.resume(1)
     turn = (await task).turn
     assert turn.token_versions.count(0) == kept
+    await client.close()
+
+
+async def test_a_call_that_reaches_the_paused_server_late_is_stopped_again_and_sent_fresh(
+    served,
+):
+    """A call sent just before the gate closed can reach the server after it paused: it
+    waits there, settle() says so, the server is told to stop again, and the call (no token
+    yet) goes out again after resume, every token under the new version."""
+    server, url = served
+    gate = PolicyGate()
+    client = token_client(url, gate, max_tokens=20)
+    await server.pause()  # the server paused before the call arrives
+    task = asyncio.create_task(client.complete([Message(role="user", content="x")], tools=[]))
+    await asyncio.sleep(0.05)
+    assert await gate.pause("interrupt") == 1
+    assert not await gate.settle(0.2)  # it waits at the server
+    await server.pause()  # stopped again: back with no token
+    assert await gate.settle(5) and gate.counts["interrupted"] == 0
+    server.version = 1
+    server.resume()
+    gate.resume(1)
+    turn = (await task).turn
+    assert turn.token_versions == [1] * 20 and turn.policy_version == 1
+    assert turn.completion_token_ids == greedy(turn.prompt_token_ids, [(1, 20)])
     await client.close()
 
 
@@ -208,7 +239,7 @@ async def test_a_continuation_past_max_staleness_restarts_the_episode(served):
     await asyncio.sleep(0.1)
     await gate.pause("interrupt")
     await server.pause()
-    await gate.settle()
+    assert await gate.settle(5)
     server.resume()
     gate.resume(1)
     with pytest.raises(StaleEpisode, match="moved from 0 to 1"):

@@ -50,6 +50,10 @@ __all__ = [
 ]
 
 
+_SETTLE_S = 5.0  # how long a pause('interrupt') waits for stopped calls before stopping again
+_SETTLE_TRIES = 24
+
+
 class WeightsPathError(InputError, ValueError):
     """A checkpoint path ``update_weights`` refuses: the policy was not paused or touched."""
 
@@ -146,15 +150,35 @@ class WeightSync:
         except BaseException:
             await self._resume()
             raise
-        if mode == "interrupt":  # the server stopped every call: each back, tokens kept
-            await asyncio.gather(
-                *(worker.settle.remote() for worker in self.workers), return_exceptions=True
-            )
+        if mode == "interrupt":
+            try:
+                await self._settle(mode)
+            except BaseException:
+                await self._resume()
+                raise
         return {
             "mode": mode,
             "calls_in_flight": sum(n for n in answers if isinstance(n, int)),
             "seconds": time.monotonic() - started,
         }
+
+    async def _settle(self, mode: PauseMode) -> None:
+        """Wait until the calls the server stopped are back at their gates, tokens kept. A
+        call sent just before the gates closed may reach the server after it paused, where
+        it waits for a resume: the server is told to stop its calls again until none is left
+        (each such call has no token yet and goes out again after resume)."""
+        for _ in range(_SETTLE_TRIES):
+            answers = await asyncio.gather(
+                *(worker.settle.remote(_SETTLE_S) for worker in self.workers),
+                return_exceptions=True,
+            )
+            if all(answer is True for answer in answers if not isinstance(answer, Exception)):
+                return
+            await self.backend.pause(mode)
+        raise WeightUpdateError(
+            f"pause('{mode}'): model calls were still in flight after the policy server was "
+            f"told {_SETTLE_TRIES} times to stop them; is it answering?"
+        )
 
     async def resume(self) -> dict[str, Any]:
         """Let model calls go out again, under the current version."""

@@ -289,9 +289,9 @@ class WorkerActor:
         """Hold this worker's new model calls (see ``policy_gate``); returns calls in flight."""
         return await self.runner.gate.pause(mode)
 
-    async def settle(self) -> None:
-        """Return once none of this worker's model calls is in flight (see ``policy_gate``)."""
-        await self.runner.gate.settle()
+    async def settle(self, timeout_s: float) -> bool:
+        """Whether none of this worker's model calls is in flight within ``timeout_s``."""
+        return await self.runner.gate.settle(timeout_s)
 
     def resume(self, version: int) -> None:
         self.runner.gate.resume(version)

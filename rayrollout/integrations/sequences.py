@@ -1,8 +1,9 @@
 """One trajectory as one token sequence, the shape every trainer trains on.
 
 Turns that extend each other lay end to end: the first prompt, then per turn the environment
-tokens (mask 0) and the sampled completion (mask 1, its logprobs), as the engine recorded
-them, never re-tokenized. A failed or unchainable episode is flagged, its mask all 0.
+tokens (mask 0) and the sampled completion (mask 1, its logprobs and the weight version of
+each token), as the engine recorded them, never re-tokenized. A failed or unchainable episode
+is flagged, its mask all 0.
 """
 
 from __future__ import annotations
@@ -14,9 +15,18 @@ from typing import Any
 from rayrollout.client.models import TrajectoryRow
 from rayrollout.errors import EpisodesFailedError
 
-__all__ = ["Sequence", "TooManyFailuresError", "check_failures", "flatten", "group_rows"]
+__all__ = [
+    "ENVIRONMENT_VERSION",
+    "Sequence",
+    "TooManyFailuresError",
+    "check_failures",
+    "flatten",
+    "group_rows",
+]
 
 POLICY = "policy"
+ENVIRONMENT_VERSION = -1
+"""The version ``Sequence.token_versions`` gives a token the environment wrote (mask 0)."""
 
 
 @dataclass
@@ -33,6 +43,9 @@ class Sequence:
     status: str
     error: str | None
     policy_versions: list[int] = field(default_factory=list)  # one per policy turn
+    token_versions: list[int] = field(
+        default_factory=list
+    )  # with response_ids; -1 on environment ones
     step_rewards: list[float | None] = field(default_factory=list)  # one per policy turn
     stop_reason: str = "stop"
     row: TrajectoryRow | None = None
@@ -57,6 +70,7 @@ def flatten(row: TrajectoryRow) -> Sequence:
     response: list[int] = []
     mask: list[int] = []
     logprobs: list[float] = []
+    versions: list[int] = []
     problem = row.error if row.status != "ok" else None
     for index, turn in enumerate(turns):
         if len(turn.logprobs) != len(turn.completion_token_ids) and problem is None:
@@ -79,10 +93,15 @@ def flatten(row: TrajectoryRow) -> Sequence:
             response += environment
             mask += [0] * len(environment)
             logprobs += [0.0] * len(environment)
+            versions += [ENVIRONMENT_VERSION] * len(environment)
         response += turn.completion_token_ids
         mask += [1] * len(turn.completion_token_ids)
         own = list(turn.logprobs)
         logprobs += own + [0.0] * (len(turn.completion_token_ids) - len(own))
+        made_by = list(turn.token_versions)[: len(turn.completion_token_ids)]
+        versions += made_by + [turn.policy_version] * (
+            len(turn.completion_token_ids) - len(made_by)
+        )
     if not turns and problem is None:
         problem = "the episode has no policy turn"
     status = row.status if row.status != "ok" or problem is None else "not_one_sequence"
@@ -94,6 +113,7 @@ def flatten(row: TrajectoryRow) -> Sequence:
         response_ids=response[: len(mask)],
         mask=[0] * len(mask) if problem else mask,
         logprobs=logprobs[: len(mask)],
+        token_versions=versions[: len(mask)],
         reward=row.reward,
         status=status,
         error=problem,

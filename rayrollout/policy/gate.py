@@ -37,6 +37,7 @@ PauseMode = Literal["wait", "abort_and_retry", "continue", "interrupt"]
 PAUSE_MODES: tuple[str, ...] = ("wait", "abort_and_retry", "continue", "interrupt")
 ABORTED = "abort"
 """The finish reason of a call the server stopped with its tokens kept (vLLM's)."""
+MAX_STOPS = 1000  # a server that stops one call more often than this is stuck
 
 
 class StaleEpisode(PolicyError):
@@ -85,10 +86,16 @@ class PolicyGate:
             await self.idle.wait()
         return in_flight
 
-    async def settle(self) -> None:
-        """Return once no call is in flight: after the server stopped them ('interrupt'),
-        each is back, its tokens kept, waiting for ``resume``."""
-        await self.idle.wait()
+    async def settle(self, timeout_s: float) -> bool:
+        """Whether, within ``timeout_s``, no call is in flight: after the server stopped them
+        ('interrupt') each is back, its tokens kept, waiting for ``resume``. A call that
+        reached the server after it paused waits there instead: False, and the engine
+        stops the server's calls again."""
+        try:
+            await asyncio.wait_for(self.idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
     def resume(self, version: int) -> None:
         """Let calls go out again, under ``version``."""
@@ -144,6 +151,7 @@ class PolicyGate:
         with the finish reason still 'abort' when it cannot continue (kept is then dropped).
         """
         kept: PolicyReply | None = None
+        stops = 0
         while True:
             if not self.open.is_set():
                 self.counts["held"] += 1
@@ -183,11 +191,18 @@ class PolicyGate:
                 len(turn.completion_token_ids) - len(before)
             )
             turn.policy_version = turn.token_versions[0] if turn.token_versions else version
-            if turn.finish_reason == ABORTED and turn.completion_token_ids:
-                self.counts["interrupted"] += 1
-                self.counts["kept_tokens"] += len(turn.completion_token_ids) - len(before)
-                kept = reply  # stopped by the server: held, then continued under new weights
-                self.stopped[episode_id] = turn.model_copy(deep=True)
+            if turn.finish_reason == ABORTED:  # stopped by the server: held, then continued
+                stops += 1
+                if stops > MAX_STOPS:
+                    raise PolicyError(
+                        f"the policy server stopped this call {stops} times in a row "
+                        "(finish_reason 'abort'): is something pausing it over and over?"
+                    )
+                if turn.completion_token_ids:  # (stopped before its first token: sent again)
+                    self.counts["interrupted"] += 1
+                    self.counts["kept_tokens"] += len(turn.completion_token_ids) - len(before)
+                    kept = reply
+                    self.stopped[episode_id] = turn.model_copy(deep=True)
                 continue
             self.stopped.pop(episode_id, None)
             return reply

@@ -103,3 +103,20 @@ def test_an_adapter_without_its_trainer_names_the_install(module, needs):
         pytest.skip(f"{trainer} is installed here")
     with pytest.raises(ImportError, match=re.escape(needs)):
         importlib.import_module(f"rayrollout.integrations.{module}")
+
+
+def test_each_response_token_carries_the_version_that_made_it():
+    """A turn a weight update cut keeps its per-token versions in the sequence, aligned with
+    the response ids; environment tokens get -1; a row without them reads one per turn."""
+    seq = flatten(
+        row(
+            [
+                turn([1, 2], [3, 4, 5], version=1, extends=False, token_versions=[1, 1, 2]),
+                turn([1, 2, 3, 4, 5, 9], [6, 7], version=2),
+            ]
+        )
+    )
+    assert seq.response_ids == [3, 4, 5, 9, 6, 7]
+    assert seq.token_versions == [1, 1, 2, -1, 2, 2]
+    assert len(seq.token_versions) == len(seq.mask) == len(seq.logprobs)
+    assert (seq.policy_versions, seq.oldest_version) == ([1, 2], 1)
