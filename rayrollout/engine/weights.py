@@ -50,8 +50,8 @@ __all__ = [
 ]
 
 
-_SETTLE_S = 5.0  # how long a pause('interrupt') waits for stopped calls before stopping again
-_SETTLE_TRIES = 24
+_SETTLE_S = 1.0  # how long a pause("interrupt") waits for stopped calls before stopping again
+_SETTLE_TRIES = 120
 
 
 class WeightsPathError(InputError, ValueError):
