@@ -321,3 +321,29 @@ def test_a_kind_that_cannot_interrupt_refuses_the_mode_by_name():
     with pytest.raises(ConfigError, match="prompt_mode: token_ids"):
         check_policy(run_config("vllm", prompt_mode="messages", vllm_config="x.yaml"))
     assert check_policy(run_config("vllm", vllm_config="x.yaml")).name == "vllm"
+
+
+async def test_a_constrained_call_cannot_resume_its_constraint_and_is_made_again(served):
+    """tool_choice 'required' sends a structural tag the server enforces from the first
+    token: a stopped call goes out again from its start, its kept tokens counted as
+    discarded, and every token of the answer is the new version's."""
+    server, url = served
+    gate = PolicyGate()
+    client = token_client(url, gate, max_tokens=60)
+    client.config.tool_choice = "required"
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    task = asyncio.create_task(client.complete([Message(role="user", content="x")], tools=tools))
+    await asyncio.sleep(0.1)
+    await gate.pause("interrupt")
+    await server.pause()
+    assert await gate.settle(5)
+    kept = gate.counts["kept_tokens"]
+    server.version = 1
+    server.resume()
+    gate.resume(1)
+    turn = (await task).turn
+    assert kept > 0 and gate.counts["discarded_tokens"] == kept
+    assert turn.token_versions == [1] * 60
+    assert turn.completion_token_ids == greedy(turn.prompt_token_ids, [(1, 60)])
+    assert [len(b["prompt"]) for b in server.bodies] == [len(turn.prompt_token_ids)] * 2
+    await client.close()

@@ -147,9 +147,22 @@ class PolicyGate:
 
         ``send(kept)`` makes the request: ``kept`` is None for a fresh call, or the reply
         so far of a call the server stopped (``finish_reason`` 'abort'), which ``send``
-        continues from its prompt plus kept tokens and returns merged; it returns a reply
-        with the finish reason still 'abort' when it cannot continue (kept is then dropped).
+        continues from its prompt plus kept tokens and returns merged. A call it cannot
+        continue (a constrained one) it makes again from its start: the kept tokens are then
+        counted as ``discarded_tokens``.
         """
+        try:
+            return await self._call(episode_id, history, send)
+        finally:
+            self.stopped.pop(episode_id, None)  # returned, stale, failed or cancelled
+
+    async def _call(
+        self,
+        episode_id: str,
+        history: list[Turn],
+        send: Callable[[PolicyReply | None], Awaitable[PolicyReply]],
+    ) -> PolicyReply:
+        """``call``'s loop: held, sent, stopped and continued until the call ends."""
         kept: PolicyReply | None = None
         stops = 0
         while True:
@@ -172,6 +185,8 @@ class PolicyGate:
                 if caller in self.aborted:  # (``finally`` forgets it either way)
                     if caller.uncancel() == 0:  # our abort was the only cancel request
                         self.counts["aborted"] += 1
+                        if kept is not None:  # its kept tokens go with it
+                            self.counts["discarded_tokens"] += len(kept.turn.completion_token_ids)
                         kept = None
                         continue  # aborted by pause(abort_and_retry): sent again after resume
                 raise
@@ -204,7 +219,6 @@ class PolicyGate:
                     kept = reply
                     self.stopped[episode_id] = turn.model_copy(deep=True)
                 continue
-            self.stopped.pop(episode_id, None)
             return reply
 
     def _check_staleness(
