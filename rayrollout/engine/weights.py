@@ -116,6 +116,7 @@ class WeightSync:
         self.backend: WeightBackend = kind.weight_backend(config, policy_url, policy_key)
         self.version = 0
         self.paused = False
+        self.settle_at_resume = False  # a 'continue' pause whose server stopped the calls
         self.lock = asyncio.Lock()
         self.updates = 0
         self.last_update: dict[str, Any] = {}
@@ -156,6 +157,12 @@ class WeightSync:
             except BaseException:
                 await self._resume()
                 raise
+        # 'continue' returns at once; where the server stopped the calls (vLLM, token ids),
+        # resume() settles them first, so none the server still holds runs under a label
+        # it was not generated with.
+        self.settle_at_resume = mode == "continue" and (
+            interrupt_refusal(self.kind, self.config) is None
+        )
         return {
             "mode": mode,
             "calls_in_flight": sum(n for n in answers if isinstance(n, int)),
@@ -187,6 +194,12 @@ class WeightSync:
 
     async def _resume(self) -> dict[str, Any]:
         if self.paused:
+            if self.settle_at_resume:
+                self.settle_at_resume = False
+                try:
+                    await self._settle("continue")
+                except WeightUpdateError:  # a server that never answers: resume regardless
+                    pass
             await self.backend.resume()
         self.paused = False
         await asyncio.gather(

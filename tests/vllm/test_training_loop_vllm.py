@@ -188,7 +188,9 @@ def test_weights_update_with_episodes_in_flight_loses_no_episode(services, mode)
         )
 
 
-CUT_TOKENS = 320  # long generations: an update lands in the middle of them
+# Long generations (several seconds each at this tiny model's pace, even on an idle machine):
+# an update half a second after they are all in flight lands in their middle.
+CUT_TOKENS = 640
 
 
 def greedy_continuation(services: TinyVllm, prompt: list[int], count: int) -> dict:
@@ -232,7 +234,7 @@ def test_an_update_mid_generation_keeps_the_tokens_and_labels_each_with_its_weig
     while ray.get(engine.stats.remote())["policy_calls"]["in_flight"] < 8:
         assert time.monotonic() < deadline, "episodes never got in flight"
         time.sleep(0.05)
-    time.sleep(1.0)  # tokens generated under the old weights
+    time.sleep(0.5)  # tokens generated under the old weights
     paused = ray.get(engine.pause.remote(mode))
     if mode == "interrupt":  # pause() returned: every call in flight is stopped and back
         stopped = {c["episode_id"]: c for c in ray.get(engine.stopped_calls.remote())}
@@ -261,10 +263,11 @@ def test_an_update_mid_generation_keeps_the_tokens_and_labels_each_with_its_weig
         for k in ("interrupted", "kept_tokens", "discarded_tokens")
     }
     print(f"\n{mode}: paused {paused}; {len(cut)} turns cut by the update; calls {calls}")
-    assert len(cut) >= 8 and calls["discarded_tokens"] == 0
+    assert len(cut) >= 4 and calls["discarded_tokens"] == 0
+    assert calls["interrupted"] == len(cut)  # every call stopped with tokens, and only those
     assert calls["kept_tokens"] == sum(k for _, k in cut)
     if mode == "interrupt":
-        assert calls["interrupted"] == len(stopped) == len(cut)
+        assert len(stopped) == len(cut)
     mismatches = []
     for t, k in cut:
         turn = t.turns[0]
