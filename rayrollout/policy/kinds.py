@@ -235,7 +235,8 @@ def interrupt_refusal(kind: PolicyKind, config: RunConfig) -> str | None:
     if kind.interrupt is None:
         return (
             f"policy kind '{kind.name}' cannot interrupt a call and keep its tokens: use "
-            "pause_mode 'wait', 'abort_and_retry' or 'continue', or a kind that can (vllm)"
+            "pause_mode 'wait', 'abort_and_retry' or 'continue', or a kind that can (vllm, "
+            "prompt_mode token_ids)"
         )
     reason = kind.interrupt(config)
     return None if reason is None else f"policy kind '{kind.name}': {reason}"
