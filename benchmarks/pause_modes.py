@@ -135,6 +135,10 @@ def main() -> None:
     from rayrollout import RolloutEngine
     from rayrollout.deployments.vllm.tiny_model import build_tiny_model
 
+    # Workers import the example's environment as examples.grpo_loop: the repo on their path.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
+    )
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")  # counters arrive sooner
     metrics_port = free_port()
@@ -167,9 +171,13 @@ def main() -> None:
             checkpoints = [model, perturbed(model, folder)]
             prompts = tasks()
             samples = max(1, args.episodes // len(prompts))
-            with RolloutEngine(config):
+            with RolloutEngine(config) as rollout:
+                rollout.start()  # Serve, vLLM (minutes on CPU), the engine named "engine"
                 actor = ray.get_actor("engine", namespace=config.namespace)
+                counted = scrape_counters(metrics_port)
                 ray.get(actor.generate.remote(prompts[:1], 1, write=False))  # warm up
+                # The warm-up's tokens in vLLM's counters before the first mode's stretch.
+                wait_for_counters(metrics_port, counted, 1, args.max_tokens)
                 for mode in args.modes.split(","):
                     results[mode] = run_mode(
                         actor,

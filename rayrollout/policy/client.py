@@ -340,7 +340,8 @@ class PolicyClient:
         call's prompt plus its completion ids, ``max_tokens`` what is left, and the answer
         is merged after the kept tokens: they are not sampled again, and the new weights
         prefill them. A constrained call (``tool_choice: required``, a grammar) cannot
-        resume its constraint mid-way: it is made again from its start.
+        resume its constraint mid-way, and one with images is not continued on the token
+        route: either is made again from its start.
         """
         images = [part for m in call.messages for part in m.images]
         constrained = bool(call.tools and call.tool_choice == "required")
