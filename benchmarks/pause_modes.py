@@ -3,10 +3,10 @@
 Deploys the tiny random-weight model on Ray Serve LLM (examples/grpo_loop.py's engine:
 kind ``vllm``, token-ids mode, control endpoints, vLLM's metrics exported) and, per pause
 mode (``wait``, ``abort_and_retry``, ``continue``, ``interrupt``), runs ``generate`` batches
-of one-turn episodes (``ignore_eos``: every call generates ``--max-tokens``) while the driver
-calls ``pause(mode)``, ``update_weights`` (the model and a perturbed copy, alternately) and
-``resume()`` every ``--every`` seconds, until ``--updates`` updates and the batch in flight
-are done. Per mode:
+of one-turn episodes back to back (``ignore_eos``: every call generates ``--max-tokens``), so
+episodes are always in flight, while the driver calls ``pause(mode)``, ``update_weights``
+(the model and a perturbed copy, alternately) and ``resume()`` every ``--every`` seconds,
+until ``--updates`` updates and the batch in flight are done. Per mode:
 
 - ``tokens_generated``: vLLM's own count of generated tokens over the mode's stretch;
 - ``tokens_kept``: completion tokens the returned turns hold;
@@ -58,6 +58,17 @@ def perturbed(model: Path, folder: Path) -> Path:
     return path
 
 
+def settled_counters(port: int, now: dict[str, Any], quiet_s: float = 3.0) -> dict[str, Any]:
+    """vLLM's counters once they stop moving for ``quiet_s`` (Ray exports them in batches):
+    tokens of calls cancelled late in a stretch are counted in it, not in the next one."""
+    while True:
+        time.sleep(quiet_s)
+        later = scrape_counters(port)
+        if later["totals"] == now["totals"]:
+            return {**later, "complete": now.get("complete", True)}
+        now = {**later, "complete": now.get("complete", True)}
+
+
 def run_mode(
     actor: Any,
     mode: str,
@@ -75,24 +86,29 @@ def run_mode(
     calls_before = ray.get(actor.stats.remote())["policy_calls"]
     waits, loads, episodes, kept = [], [], 0, 0
     started = time.monotonic()
+    batch = actor.generate.remote(rows, samples, write=False)
+    # Batches back to back, so episodes are always in flight; updates on the clock.
     while len(waits) < updates:
-        batch = actor.generate.remote(rows, samples, write=False)
-        while True:
-            done, _ = ray.wait([batch], timeout=every_s)
-            if done or len(waits) >= updates:
-                break
-            began = time.monotonic()
-            ray.get(actor.pause.remote(mode))
-            waits.append(time.monotonic() - began)
-            began = time.monotonic()
-            ray.get(actor.update_weights.remote(str(checkpoints[len(waits) % 2])))
-            loads.append(time.monotonic() - began)
-            ray.get(actor.resume.remote())
-        trajectories = ray.get(batch).trajectories()
-        episodes += len(trajectories)
-        kept += sum(len(turn.completion_token_ids) for t in trajectories for turn in t.turns)
+        next_update = started + every_s * (len(waits) + 1)
+        done, _ = ray.wait([batch], timeout=max(0.0, next_update - time.monotonic()))
+        if done:
+            trajectories = ray.get(batch).trajectories()
+            episodes += len(trajectories)
+            kept += sum(len(turn.completion_token_ids) for t in trajectories for turn in t.turns)
+            batch = actor.generate.remote(rows, samples, write=False)
+            continue
+        began = time.monotonic()
+        ray.get(actor.pause.remote(mode))
+        waits.append(time.monotonic() - began)
+        began = time.monotonic()
+        ray.get(actor.update_weights.remote(str(checkpoints[len(waits) % 2])))
+        loads.append(time.monotonic() - began)
+        ray.get(actor.resume.remote())
+    trajectories = ray.get(batch).trajectories()  # the batch the last update cut
+    episodes += len(trajectories)
+    kept += sum(len(turn.completion_token_ids) for t in trajectories for turn in t.turns)
     wall = time.monotonic() - started
-    after = wait_for_counters(metrics_port, before, 0, kept)
+    after = settled_counters(metrics_port, wait_for_counters(metrics_port, before, 0, kept))
     calls_after = ray.get(actor.stats.remote())["policy_calls"]
     generated = int(
         after["totals"].get("generation_tokens", 0) - before["totals"].get("generation_tokens", 0)
@@ -177,7 +193,9 @@ def main() -> None:
                 counted = scrape_counters(metrics_port)
                 ray.get(actor.generate.remote(prompts[:1], 1, write=False))  # warm up
                 # The warm-up's tokens in vLLM's counters before the first mode's stretch.
-                wait_for_counters(metrics_port, counted, 1, args.max_tokens)
+                settled_counters(
+                    metrics_port, wait_for_counters(metrics_port, counted, 1, args.max_tokens)
+                )
                 for mode in args.modes.split(","):
                     results[mode] = run_mode(
                         actor,
