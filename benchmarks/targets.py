@@ -205,6 +205,23 @@ TARGETS: tuple[Target, ...] = (
     Target("chaos", "episodes lost after kills and resumes", "folder.lost", "== 0"),
     Target("chaos", "episodes duplicated after kills and resumes", "folder.duplicated", "== 0"),
     Target(
+        "pause_modes",
+        "tokens generated and thrown away, interrupt mode (updates mid-generation, vLLM)",
+        "modes.interrupt.tokens_thrown_away",
+        "== 0",
+    ),
+    Target(
+        "pause_modes",
+        "tokens generated and thrown away, abort_and_retry mode",
+        "modes.abort_and_retry.tokens_thrown_away",
+    ),
+    Target("pause_modes", "mean pause() wait, wait mode (s)", "modes.wait.pause_wait_s.mean"),
+    Target(
+        "pause_modes", "mean pause() wait, interrupt mode (s)", "modes.interrupt.pause_wait_s.mean"
+    ),
+    Target("pause_modes", "generated tokens/s, interrupt mode", "modes.interrupt.tokens_per_s"),
+    Target("pause_modes", "generated tokens/s, wait mode", "modes.wait.tokens_per_s"),
+    Target(
         "vllm_ratio",
         "engine / bare client, generated tokens/s (vLLM)",
         "ratio",

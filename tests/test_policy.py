@@ -282,7 +282,7 @@ async def test_the_gate_retries_only_its_own_abort_and_lets_a_timeout_through():
 
     gate, sent = PolicyGate(), []
 
-    async def send() -> PolicyReply:
+    async def send(kept: PolicyReply | None = None) -> PolicyReply:
         sent.append(gate.version)
         await asyncio.sleep(0.3)
         return PolicyReply(Message(role="assistant", content="hi"), Turn())

@@ -7,6 +7,7 @@ expected duration and throughput are known exactly and no Ray is needed; one tes
 a real resumed run and compares the page with the engine's own summaries.
 """
 
+import json
 import re
 import shlex
 import shutil
@@ -173,6 +174,28 @@ def test_duration_runs_from_the_first_episode_queued_to_the_last_one_ended(tmp_p
     assert summary.active_s == pytest.approx(14.6)
     assert summary.episodes_per_s == pytest.approx(10 / 14.6)
     assert len(summary.segments) == 1
+
+
+def test_the_summary_counts_turns_a_weight_update_cut_and_reads_parts_without_them(tmp_path):
+    from rayrollout.cli.report_page import run_table
+
+    rows = [episode(f"u{i}", 0, "math", T0, 0.0, 1.0) for i in range(3)]
+    rows[0].metrics.turns_across_updates, rows[2].metrics.turns_across_updates = 1, 2
+    summary = summarize(load_episodes(write(tmp_path / "new", "parquet", "r", rows)))
+    assert summary.turns_across_updates == 3
+    assert '<th class="text">turns across a weight update</th><td class="text">3</td>' in (
+        run_table(tmp_path / "new", summary, 0)
+    )
+    # Parts written before the metric existed: 0, not an error.
+    old = tmp_path / "old" / "part-00000-r.jsonl"
+    old.parent.mkdir()
+    lines = []
+    for row in rows:
+        data = row.model_dump(mode="json")
+        del data["metrics"]["turns_across_updates"]
+        lines.append(json.dumps(data))
+    old.write_text("\n".join(lines) + "\n")
+    assert summarize(load_episodes(old.parent)).turns_across_updates == 0
 
 
 def test_an_idle_stretch_inside_one_run_opens_a_new_segment(tmp_path):

@@ -272,6 +272,9 @@ def test_weights_update_refuses_a_version_that_does_not_grow_and_a_relative_path
         ray.get(trainer.call.remote("update_weights", "ckpt/step-1"))
     with pytest.raises(ray.exceptions.RayTaskError, match="unknown pause mode"):
         ray.get(trainer.call.remote("pause", "later"))
+    # The scripted policy cannot stop a call and keep its tokens: refused before any pause.
+    with pytest.raises(ray.exceptions.RayTaskError, match="'scripted' cannot interrupt"):
+        ray.get(trainer.call.remote("pause", "interrupt"))
     stats = ray.get(trainer.call.remote("stats"))
     assert stats["policy"]["version"] == version + 5 and not stats["policy"]["paused"]
 

@@ -167,6 +167,7 @@ class AgentEpisode:
             metrics.turns += 1
             metrics.tokens_in += turn.prompt_tokens
             metrics.tokens_out += turn.completion_tokens
+            metrics.turns_across_updates += len(set(turn.token_versions)) > 1
         return reply.message
 
     # ---------------------------------------------------------------- tools

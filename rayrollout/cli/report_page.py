@@ -181,6 +181,7 @@ def run_table(directory: Path, summary: RunSummary, rejects: int) -> str:
         ("runs (part names)", _esc(", ".join(runs))),
         ("model", _esc(models)),
         ("policy versions", _esc(versions)),
+        ("turns across a weight update", f"{summary.turns_across_updates:,}"),
         ("environments", _esc(", ".join(summary.environments))),
         ("first episode queued", _esc(_when(start))),
         ("last episode finished", _esc(_when(end))),

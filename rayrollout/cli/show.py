@@ -17,7 +17,7 @@ from rich.text import Text
 
 from rayrollout.data.images import decode_data_url, image_digest, image_size, is_data_url
 from rayrollout.data.run_folder import RunFolder
-from rayrollout.data.schema import Message, Trajectory
+from rayrollout.data.schema import Message, Trajectory, version_spans
 
 __all__ = ["find_trajectories", "image_lines", "render_trajectory"]
 
@@ -149,6 +149,7 @@ def render_trajectory(trajectory: Trajectory, console: Console, stored_as: str =
             "prompt ids",
             "completion ids",
             "logprobs",
+            "versions",
             "images",
             "seconds",
             title="model calls",
@@ -173,6 +174,7 @@ def render_trajectory(trajectory: Trajectory, console: Console, stored_as: str =
                 str(len(turn.prompt_token_ids)),
                 str(len(turn.completion_token_ids)),
                 str(len(turn.logprobs)),
+                _versions(turn.token_versions, turn.policy_version),
                 _turn_images(shown),
                 f"{turn.seconds:.3f}",
             )
@@ -196,6 +198,15 @@ def _constrained_calls(trajectory: Trajectory, console: Console) -> None:
             gap = f"{max(abs(own - sampled) for own, sampled in pairs):.3f}"
         table.add_row(str(i), str(sum(turn.forced)), str(len(turn.forced)), gap)
     console.print(table)
+
+
+def _versions(token_versions: list[int], policy_version: int) -> str:
+    """Which weights made the turn's tokens: '3', or '3 (0-41), 4 (42-95)' for a call a
+    weight update cut."""
+    spans = version_spans(token_versions)
+    if len(spans) <= 1:
+        return str(spans[0][0] if spans else policy_version)
+    return ", ".join(f"{v} ({first}-{last})" for v, first, last in spans)
 
 
 def _turn_images(messages: list[Message]) -> str:

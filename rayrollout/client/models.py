@@ -11,7 +11,7 @@ import json
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "BATCH_ID_PATTERN",
@@ -42,7 +42,7 @@ BATCH_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 MAX_VERSION = 2**53
 """The highest policy version: every JSON reader (JavaScript's too) keeps it exact."""
 
-PauseMode = Literal["wait", "abort_and_retry", "continue"]
+PauseMode = Literal["wait", "abort_and_retry", "continue", "interrupt"]
 
 
 class _Request(BaseModel):
@@ -164,9 +164,19 @@ class Turn(_Answer):
     forced: list[bool] = Field(default_factory=list, description="True on forced tokens.")
     model_logprobs: list[float] = Field(default_factory=list, description="Unconstrained.")
     policy_version: int = 0
+    token_versions: list[int] = Field(
+        default_factory=list, description="Policy version of each completion token."
+    )
     speaker: str = "policy"
     extends_previous: bool = False
     finish_reason: str | None = None
+
+    @model_validator(mode="after")
+    def _versions_fill_from_policy_version(self) -> Turn:
+        # A row written before token_versions: every token at the call's version.
+        if not self.token_versions and self.completion_token_ids:
+            self.token_versions = [self.policy_version] * len(self.completion_token_ids)
+        return self
 
 
 class TrajectoryRow(_Answer):
@@ -219,7 +229,8 @@ class PauseRequest(_Request):
     """``POST /v1/pause``: hold new model calls; those in flight per ``mode``."""
 
     mode: PauseMode | None = Field(
-        default=None, description="Calls in flight: 'wait', 'abort_and_retry' or 'continue'."
+        default=None,
+        description="Calls in flight: 'wait', 'abort_and_retry', 'continue' or 'interrupt'.",
     )
 
 

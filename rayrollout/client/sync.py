@@ -290,7 +290,7 @@ class RolloutClient:
 
     def pause(self, mode: str | None = None) -> PauseAnswer:
         """Hold new model calls; calls in flight per ``mode`` ('wait', 'abort_and_retry',
-        'continue'; default the run's)."""
+        'continue', 'interrupt'; default the run's)."""
         answer = self.transport.request("POST", "/v1/pause", {"mode": mode})
         return PauseAnswer.model_validate(answer)
 

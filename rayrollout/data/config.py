@@ -313,13 +313,15 @@ class RayConfig(_Config):
 class TrainingConfig(_Config):
     """How the engine's training-loop methods behave (``generate``, ``pause``, weights)."""
 
-    pause_mode: Literal["wait", "abort_and_retry", "continue"] = Field(
+    pause_mode: Literal["wait", "abort_and_retry", "continue", "interrupt"] = Field(
         default="wait",
         description="What pause() does to model calls in flight (new calls always wait): "
         "'wait' lets them finish under the old weights before pause() returns; "
         "'abort_and_retry' cancels them and sends them again after resume() under the new "
-        "version; 'continue' returns at once and lets them go on (each turn keeps the "
-        "version it was sent under).",
+        "version; 'interrupt' stops them at once, keeps the tokens generated so far and "
+        "continues each from them under the new weights after resume() (kinds that can: "
+        "vllm in token-ids mode); 'continue' returns at once and lets them go on. Every "
+        "token records the version that made it (Turn.token_versions).",
     )
     max_staleness: int | None = Field(
         default=None,

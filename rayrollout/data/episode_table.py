@@ -40,6 +40,7 @@ METRIC_COLUMNS = [
     "tool_errors",
     "tokens_in",
     "tokens_out",
+    "turns_across_updates",
     "seconds_model",
     "seconds_tools",
     "seconds_verify",
@@ -90,7 +91,10 @@ def _flat(table: pa.Table) -> pd.DataFrame:
     names = [metrics.type.field(i).name for i in range(metrics.type.num_fields)]
     table = table.drop_columns(["metrics"])
     for name in METRIC_COLUMNS:
-        column = metrics.field(names.index(name))
+        if name in names:
+            column = metrics.field(names.index(name))
+        else:  # a metric rows written before it existed lack: 0 there
+            column = pa.array([0] * len(table), pa.int64())
         table = table.append_column(f"m_{name}", column)
     return table.to_pandas()
 

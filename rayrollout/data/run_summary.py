@@ -73,6 +73,9 @@ class RunSummary(Figures):
     environments: list[str]
     models: list[str] = Field(description="Policy model names the rows carry ('' unset).")
     policy_versions: dict[int, int] = Field(description="Version -> episodes that began on it.")
+    turns_across_updates: int = Field(
+        default=0, description="Policy turns a weight update cut: tokens of two versions."
+    )
     statuses: dict[str, int]
     errors: int = Field(description="Episodes whose status is not ok.")
     close_errors: int = Field(description="Episodes whose environment session failed to close.")
@@ -169,6 +172,7 @@ def summarize(frame: pd.DataFrame, gap_s: float = GAP_S) -> RunSummary:
         policy_versions={
             int(k): int(v) for k, v in frame["policy_version"].value_counts().sort_index().items()
         },
+        turns_across_updates=int(frame["m_turns_across_updates"].fillna(0).sum()),
         statuses={str(k): int(v) for k, v in statuses.items()},
         errors=int((frame["status"] != "ok").sum()),
         close_errors=int(frame["close_error"].notna().sum()),

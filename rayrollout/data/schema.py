@@ -60,6 +60,7 @@ __all__ = [
     "renamed_columns",
     "stable_task_id",
     "trajectory_arrow_schema",
+    "version_spans",
 ]
 
 MAX_TOKENS = 10_000_000
@@ -385,6 +386,13 @@ class Turn(_Model):
         description="Policy weights version the call was sent under (rows written before "
         "the field existed read as 0).",
     )
+    token_versions: Annotated[list[int], ArrowType(pa.list_(pa.int64()))] = Field(
+        default_factory=list,
+        description="Policy version of each generated token, aligned with "
+        "completion_token_ids: a call a weight update cut ('interrupt', 'continue') has the "
+        "old version up to the cut and the new one after (rows written before the field "
+        "existed read as policy_version on every token).",
+    )
     speaker: str = Field(
         default="policy",
         description="Who the model played in this call: 'policy' (trained on), or another role "
@@ -448,6 +456,13 @@ class Turn(_Model):
         # Parquet parts written before the field existed read back with nulls here.
         return 0 if value is None else value
 
+    @model_validator(mode="after")
+    def _versions_fill_from_policy_version(self) -> Turn:
+        # Rows written before token_versions, and turns no gate stamped: one version.
+        if not self.token_versions and self.completion_token_ids:
+            self.token_versions = [self.policy_version] * len(self.completion_token_ids)
+        return self
+
     @field_validator("speaker", mode="before")
     @classmethod
     def _missing_speaker_is_policy(cls, value: Any) -> Any:
@@ -458,7 +473,7 @@ class Turn(_Model):
     def _missing_extends_is_false(cls, value: Any) -> Any:
         return False if value is None else value
 
-    @field_validator("retry_errors", mode="before")
+    @field_validator("retry_errors", "token_versions", mode="before")
     @classmethod
     def _missing_list_is_empty(cls, value: Any) -> Any:
         return [] if value is None else value
@@ -493,6 +508,9 @@ class EpisodeMetrics(_Model):
     tools_used: list[str] = Field(default_factory=list)
     tokens_in: int = 0
     tokens_out: int = 0
+    turns_across_updates: int = Field(
+        default=0, description="Policy turns whose tokens two weight versions or more made."
+    )
     seconds_model: float = 0.0
     seconds_tools: float = Field(
         default=0.0,
@@ -698,6 +716,22 @@ def renamed_columns(row: dict[str, Any]) -> dict[str, Any]:
             if data.get(new) is None:
                 data[new] = value
     return data
+
+
+def version_spans(token_versions: list[int]) -> list[tuple[int, int, int]]:
+    """``Turn.token_versions`` as spans ``(version, first token, last token)``, in order.
+
+    Example:
+        >>> version_spans([3, 3, 4, 4, 4])
+        [(3, 0, 1), (4, 2, 4)]
+    """
+    spans: list[tuple[int, int, int]] = []
+    for index, version in enumerate(token_versions):
+        if spans and spans[-1][0] == version:
+            spans[-1] = (version, spans[-1][1], index)
+        else:
+            spans.append((version, index, index))
+    return spans
 
 
 def stable_task_id(row: dict[str, Any]) -> str:

@@ -81,6 +81,15 @@ class PolicyCalls(Figures):
     held: int = Field(default=0, description="Calls that waited for a resume.")
     aborted: int = Field(default=0, description="Calls aborted by a pause and sent again.")
     stale_restarts: int = Field(default=0, description="Episodes restarted past max_staleness.")
+    interrupted: int = Field(
+        default=0, description="Calls a pause stopped, their tokens kept and continued."
+    )
+    kept_tokens: int = Field(default=0, description="Tokens those calls had when stopped.")
+    discarded_tokens: int = Field(
+        default=0,
+        description="Tokens of stopped calls generated again (a constrained call that "
+        "cannot resume its constraint).",
+    )
 
 
 class EngineStats(Figures):

@@ -23,7 +23,16 @@ from rayrollout.policy.gate import PauseMode
 
 __all__ = ["TrainingLoopAPI"]
 
-_POLICY_CALL_FIGURES = ("in_flight", "calls", "held", "aborted", "stale_restarts")
+_POLICY_CALL_FIGURES = (
+    "in_flight",
+    "calls",
+    "held",
+    "aborted",
+    "stale_restarts",
+    "interrupted",
+    "kept_tokens",
+    "discarded_tokens",
+)
 
 
 class TrainingLoopAPI:
@@ -99,12 +108,21 @@ class TrainingLoopAPI:
 
     async def pause(self, mode: PauseMode | None = None) -> dict[str, Any]:
         """Hold every new model call; calls in flight per ``mode`` (default: config's
-        ``training.pause_mode``): 'wait', 'abort_and_retry' or 'continue'."""
+        ``training.pause_mode``): 'wait', 'abort_and_retry', 'continue' or 'interrupt'."""
         return await self.weights.pause(mode)
 
     async def resume(self) -> dict[str, Any]:
         """Let model calls go out again, under the current policy version."""
         return await self.weights.resume()
+
+    async def stopped_calls(self) -> list[dict[str, Any]]:
+        """The model calls a pause ('interrupt', or 'continue' on vLLM in token-ids mode)
+        stopped and that wait for ``resume()``: per call its episode id, prompt ids and the
+        completion ids, logprobs and token versions kept so far."""
+        answers = await asyncio.gather(
+            *(worker.stopped_calls.remote() for worker in self.workers), return_exceptions=True
+        )
+        return [call for answer in answers if isinstance(answer, list) for call in answer]
 
     async def update_weights(
         self, path: str | None = None, version: int | None = None

@@ -34,7 +34,12 @@ from rayrollout.client.models import MAX_VERSION
 from rayrollout.data.config import RunConfig
 from rayrollout.errors import InputError
 from rayrollout.policy.gate import PAUSE_MODES, PauseMode
-from rayrollout.policy.kinds import WeightBackend, WeightUpdateError, policy_kind
+from rayrollout.policy.kinds import (
+    WeightBackend,
+    WeightUpdateError,
+    interrupt_refusal,
+    policy_kind,
+)
 
 __all__ = [
     "WeightSync",
@@ -43,6 +48,10 @@ __all__ = [
     "checked_weights_path",
     "weights_roots",
 ]
+
+
+_SETTLE_S = 1.0  # how long a pause("interrupt") waits for stopped calls before stopping again
+_SETTLE_TRIES = 120
 
 
 class WeightsPathError(InputError, ValueError):
@@ -103,10 +112,11 @@ class WeightSync:
         # What the policy's routes take, as the workers send it (secret_env.workers_policy_key):
         # the run's token for a policy the run deployed, else the policy key (a vLLM app
         # already up takes it on its control routes too).
-        kind = policy_kind(config.policy.kind)
+        kind = self.kind = policy_kind(config.policy.kind)
         self.backend: WeightBackend = kind.weight_backend(config, policy_url, policy_key)
         self.version = 0
         self.paused = False
+        self.settle_at_resume = False  # a 'continue' pause whose server stopped the calls
         self.lock = asyncio.Lock()
         self.updates = 0
         self.last_update: dict[str, Any] = {}
@@ -120,6 +130,10 @@ class WeightSync:
         mode = mode or self.config.training.pause_mode
         if mode not in PAUSE_MODES:
             raise ValueError(f"unknown pause mode {mode!r}: use one of {', '.join(PAUSE_MODES)}")
+        if mode == "interrupt":
+            refusal = interrupt_refusal(self.kind, self.config)
+            if refusal is not None:
+                raise ValueError(f"pause mode 'interrupt' refused: {refusal}")
         async with self.lock:
             return await self._pause(mode)
 
@@ -137,11 +151,41 @@ class WeightSync:
         except BaseException:
             await self._resume()
             raise
+        if mode == "interrupt":
+            try:
+                await self._settle(mode)
+            except BaseException:
+                await self._resume()
+                raise
+        # 'continue' returns at once; where the server stopped the calls (vLLM, token ids),
+        # resume() settles them first, so none the server still holds runs under a label
+        # it was not generated with.
+        self.settle_at_resume = mode == "continue" and (
+            interrupt_refusal(self.kind, self.config) is None
+        )
         return {
             "mode": mode,
             "calls_in_flight": sum(n for n in answers if isinstance(n, int)),
             "seconds": time.monotonic() - started,
         }
+
+    async def _settle(self, mode: PauseMode) -> None:
+        """Wait until the calls the server stopped are back at their gates, tokens kept. A
+        call sent just before the gates closed may reach the server after it paused, where
+        it waits for a resume: the server is told to stop its calls again until none is left
+        (each such call has no token yet and goes out again after resume)."""
+        for _ in range(_SETTLE_TRIES):
+            answers = await asyncio.gather(
+                *(worker.settle.remote(_SETTLE_S) for worker in self.workers),
+                return_exceptions=True,
+            )
+            if all(answer is True for answer in answers if not isinstance(answer, Exception)):
+                return
+            await self.backend.pause(mode)
+        raise WeightUpdateError(
+            f"pause('{mode}'): model calls were still in flight after the policy server was "
+            f"told {_SETTLE_TRIES} times to stop them; is it answering?"
+        )
 
     async def resume(self) -> dict[str, Any]:
         """Let model calls go out again, under the current version."""
@@ -150,6 +194,12 @@ class WeightSync:
 
     async def _resume(self) -> dict[str, Any]:
         if self.paused:
+            if self.settle_at_resume:
+                self.settle_at_resume = False
+                try:
+                    await self._settle("continue")
+                except WeightUpdateError:  # a server that never answers: resume regardless
+                    pass
             await self.backend.resume()
         self.paused = False
         await asyncio.gather(

@@ -289,8 +289,16 @@ class WorkerActor:
         """Hold this worker's new model calls (see ``policy_gate``); returns calls in flight."""
         return await self.runner.gate.pause(mode)
 
+    async def settle(self, timeout_s: float) -> bool:
+        """Whether none of this worker's model calls is in flight within ``timeout_s``."""
+        return await self.runner.gate.settle(timeout_s)
+
     def resume(self, version: int) -> None:
         self.runner.gate.resume(version)
+
+    def stopped_calls(self) -> list[dict[str, Any]]:
+        """This worker's calls a pause stopped, with what they kept (``policy_gate``)."""
+        return self.runner.gate.stopped_calls()
 
     def policy_calls(self) -> dict[str, Any]:
         """This worker's gate: version, paused, calls in flight, held, aborted, stale restarts."""

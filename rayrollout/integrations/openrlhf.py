@@ -38,7 +38,13 @@ from typing import Any
 
 from rayrollout.client import AsyncRolloutClient
 from rayrollout.errors import InputError, RayrolloutError
-from rayrollout.integrations.sequences import Sequence, TooManyFailuresError, flatten, group_rows
+from rayrollout.integrations.sequences import (
+    ENVIRONMENT_VERSION,
+    Sequence,
+    TooManyFailuresError,
+    flatten,
+    group_rows,
+)
 
 try:
     from openrlhf.utils.agent import AgentExecutorBase
@@ -102,6 +108,8 @@ def action_output(sequence: Sequence) -> dict[str, Any]:
         "rayrollout_status": sequence.status,
         "rayrollout_error": sequence.error,
         "rayrollout_policy_versions": versions,
+        # Aligned with observation_tokens, as rollout_log_probs: -1 outside the actions.
+        "rayrollout_token_versions": [ENVIRONMENT_VERSION] * offset + sequence.token_versions,
         "task_id": sequence.task_id,
         "sample_index": sequence.sample_index,
     }

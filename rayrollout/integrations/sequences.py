@@ -1,11 +1,11 @@
 """One trajectory as one token sequence, the shape every trainer trains on.
 
 Turns that extend each other lay end to end: the first prompt, then per turn the environment
-tokens (mask 0) and the sampled completion (mask 1, its logprobs), as the engine recorded
-them, never re-tokenized. A failed or unchainable episode is flagged, its mask all 0. Tokens
-a constraint forced (``tool_choice: required``, a grammar) are masked 0 too unless
-``mask_forced=False``: the model chose nothing there, and its own logprob differs from the
-sampled 0.0.
+tokens (mask 0) and the sampled completion (mask 1, its logprobs and the weight version of
+each token), as the engine recorded them, never re-tokenized. A failed or unchainable
+episode is flagged, its mask all 0. Tokens a constraint forced (``tool_choice: required``,
+a grammar) are masked 0 too unless ``mask_forced=False``: the model chose nothing there, and
+its own logprob differs from the sampled 0.0.
 """
 
 from __future__ import annotations
@@ -17,9 +17,18 @@ from typing import Any
 from rayrollout.client.models import TrajectoryRow
 from rayrollout.errors import EpisodesFailedError
 
-__all__ = ["Sequence", "TooManyFailuresError", "check_failures", "flatten", "group_rows"]
+__all__ = [
+    "ENVIRONMENT_VERSION",
+    "Sequence",
+    "TooManyFailuresError",
+    "check_failures",
+    "flatten",
+    "group_rows",
+]
 
 POLICY = "policy"
+ENVIRONMENT_VERSION = -1
+"""The version ``Sequence.token_versions`` gives a token the environment wrote (mask 0)."""
 
 
 @dataclass
@@ -38,6 +47,7 @@ class Sequence:
     policy_versions: list[int] = field(default_factory=list)  # one per policy turn
     forced: list[bool] = field(default_factory=list)  # aligned: True on forced tokens
     model_logprobs: list[float] = field(default_factory=list)  # aligned: the model's own
+    token_versions: list[int] = field(default_factory=list)  # aligned: -1 on environment ones
     step_rewards: list[float | None] = field(default_factory=list)  # one per policy turn
     stop_reason: str = "stop"
     row: TrajectoryRow | None = None
@@ -65,6 +75,7 @@ def flatten(row: TrajectoryRow, mask_forced: bool = True) -> Sequence:
     logprobs: list[float] = []
     forced: list[bool] = []
     model_logprobs: list[float] = []
+    versions: list[int] = []
     problem = row.error if row.status != "ok" else None
     for index, turn in enumerate(turns):
         if len(turn.logprobs) != len(turn.completion_token_ids) and problem is None:
@@ -89,6 +100,7 @@ def flatten(row: TrajectoryRow, mask_forced: bool = True) -> Sequence:
             logprobs += [0.0] * len(environment)
             forced += [False] * len(environment)
             model_logprobs += [0.0] * len(environment)
+            versions += [ENVIRONMENT_VERSION] * len(environment)
         n = len(turn.completion_token_ids)
         response += turn.completion_token_ids
         own = list(turn.logprobs)
@@ -99,6 +111,8 @@ def flatten(row: TrajectoryRow, mask_forced: bool = True) -> Sequence:
         marks = list(turn.forced) if len(turn.forced) == n else [False] * n
         forced += marks
         mask += [0 if mask_forced and mark else 1 for mark in marks]
+        made_by = list(turn.token_versions)[:n]
+        versions += made_by + [turn.policy_version] * (n - len(made_by))
     if not turns and problem is None:
         problem = "the episode has no policy turn"
     status = row.status if row.status != "ok" or problem is None else "not_one_sequence"
@@ -112,6 +126,7 @@ def flatten(row: TrajectoryRow, mask_forced: bool = True) -> Sequence:
         logprobs=logprobs[: len(mask)],
         forced=forced[: len(mask)],
         model_logprobs=model_logprobs[: len(mask)],
+        token_versions=versions[: len(mask)],
         reward=row.reward,
         status=status,
         error=problem,

@@ -132,6 +132,8 @@ class RayrolloutGenerator(GeneratorInterface):
                 "rayrollout/oldest_policy_version": min(versions, default=0),
             },
             "rollout_logprobs": [s.logprobs for s in sequences],
+            # Aligned with response_ids, as rollout_logprobs: -1 on environment tokens.
+            "rayrollout_token_versions": [s.token_versions for s in sequences],
             "trajectory_ids": list(ids),
         }
         return output

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from rayrollout.client import RolloutClient
 from rayrollout.errors import InputError, RayrolloutError
-from rayrollout.integrations.sequences import Sequence, flatten, group_rows
+from rayrollout.integrations.sequences import ENVIRONMENT_VERSION, Sequence, flatten, group_rows
 
 try:
     from transformers import TrainerCallback
@@ -169,6 +169,7 @@ class RayrolloutRollout:
                 "rayrollout_step_rewards",
                 "rayrollout_status",
                 "rayrollout_policy_version",
+                "rayrollout_token_versions",
                 "task_id",
             )
         }
@@ -189,6 +190,9 @@ class RayrolloutRollout:
             out["rayrollout_step_rewards"].append(s.step_rewards)
             out["rayrollout_status"].append(status)
             out["rayrollout_policy_version"].append(s.oldest_version)
+            out["rayrollout_token_versions"].append(
+                s.token_versions if s.response_ids else [ENVIRONMENT_VERSION]
+            )
             out["task_id"].append(s.task_id.rsplit("#", 1)[0])
         if len(dropped) > self.max_dropped_fraction * len(sequences):
             first, status = dropped[0]

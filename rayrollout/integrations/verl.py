@@ -33,6 +33,7 @@ from typing import Any
 from rayrollout.client import RolloutClient
 from rayrollout.errors import InputError, RayrolloutError
 from rayrollout.integrations.sequences import (
+    ENVIRONMENT_VERSION,
     Sequence,
     TooManyFailuresError,
     check_failures,
@@ -242,6 +243,8 @@ class RayrolloutAgentLoopManager:
         response_mask = torch.zeros((size, rlen), dtype=torch.long)
         logprobs = torch.zeros((size, rlen), dtype=torch.float32)
         rm_scores = torch.zeros((size, rlen), dtype=torch.float32)
+        # Beside rollout_log_probs: the weight version of each response token, -1 elsewhere.
+        token_versions = torch.full((size, rlen), ENVIRONMENT_VERSION, dtype=torch.long)
         truncated = 0
         for i, s in enumerate(sequences):
             prompt = s.prompt_ids[-plen:]  # verl's agent loops keep a prompt's end
@@ -255,6 +258,8 @@ class RayrolloutAgentLoopManager:
                 response_attention[i, : len(response)] = 1
                 response_mask[i, : len(mask)] = torch.tensor(mask, dtype=torch.long)
                 logprobs[i, : len(lps)] = torch.tensor(lps, dtype=torch.float32)
+                made_by = s.token_versions[:rlen]
+                token_versions[i, : len(made_by)] = torch.tensor(made_by, dtype=torch.long)
                 rm_scores[i, len(response) - 1] = float(s.reward)
         self.truncated = truncated
         attention_mask = torch.cat([prompt_attention, response_attention], dim=1)
@@ -267,6 +272,7 @@ class RayrolloutAgentLoopManager:
                 "attention_mask": attention_mask,
                 "position_ids": compute_position_id_with_mask(attention_mask),
                 "rollout_log_probs": logprobs,
+                "rayrollout_token_versions": token_versions,
                 "rm_scores": rm_scores,
             },
             batch_size=size,

@@ -10,6 +10,7 @@ recorded on the turn; what is left becomes ``PolicyError`` or ``PolicyTimeout``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -81,6 +82,8 @@ def _openai_error(name: str) -> type[Exception]:
 class PolicyReply:
     message: Message
     turn: Turn
+    text: str | None = None
+    """The completion's raw text (token-ids mode): what a continuation appends to."""
 
 
 @dataclass(slots=True)
@@ -204,17 +207,22 @@ class PolicyClient:
         call = _Call(messages, tools, sampling, headers, history or [], tool_choice)
         if self.gate is None:
             return await self._complete(call)
-        return await self.gate.call(session_id or "", call.history, lambda: self._complete(call))
+        return await self.gate.call(
+            session_id or "", call.history, lambda kept: self._complete(call, kept)
+        )
 
-    async def _complete(self, call: _Call) -> PolicyReply:
-        """The call and its retries of unusable answers, timed."""
-        started = time.time()
+    async def _complete(self, call: _Call, kept: PolicyReply | None = None) -> PolicyReply:
+        """The call and its retries of unusable answers, timed. With ``kept`` (a reply the
+        server stopped, ``finish_reason`` 'abort'), the call goes on from its prompt plus
+        the kept tokens where it can (``_token_ids``), else it is made again."""
+        started = kept.turn.started_at if kept is not None else time.time()
         call.failed = []  # a call the gate aborted and sent again: only this run's tries
+        text: str | None = None
         # An answer that is not JSON, or not shaped like one, is retried like a 5xx (the
         # openai client retries only transport failures), with the same max_retries limit.
         for attempt in range(self.config.max_retries + 1):
             try:
-                message, turn = await self._call(call)
+                message, turn, text = await self._call(call, kept)
                 break
             except _UnusableAnswer as exc:
                 if attempt >= self.config.max_retries:
@@ -227,17 +235,23 @@ class PolicyClient:
         turn.seconds = time.time() - started
         turn.retries = len(call.failed)
         turn.retry_errors = [self._brief(e, _RETRY_ERROR_CHARS) for e in call.failed]
-        return PolicyReply(message, turn)
+        if kept is not None:
+            turn.retries += kept.turn.retries
+            turn.retry_errors = kept.turn.retry_errors + turn.retry_errors
+        return PolicyReply(message, turn, text)
 
-    async def _call(self, call: _Call) -> tuple[Message, Turn]:
-        """One request (the openai client's own retries included), errors as policy errors."""
+    async def _call(
+        self, call: _Call, kept: PolicyReply | None
+    ) -> tuple[Message, Turn, str | None]:
+        """One request (the openai client's own retries included), errors as policy errors;
+        the raw completion text where the answer is text (token-ids mode)."""
         try:
             if self.config.prompt_mode == "token_ids":
-                reply = await self._token_ids(call)
+                reply = await self._token_ids(call, kept)
             elif self.config.api == "responses":
-                reply = await self._responses(call)
+                reply = (*await self._responses(call), None)
             else:
-                reply = await self._chat(call)
+                reply = (*await self._chat(call), None)
             await self._model_logprobs(call, reply[1])
             return reply
         except TemplateError as exc:
@@ -331,10 +345,23 @@ class PolicyClient:
         )
         return message, turn
 
-    async def _token_ids(self, call: _Call) -> tuple[Message, Turn]:
+    async def _token_ids(
+        self, call: _Call, kept: PolicyReply | None
+    ) -> tuple[Message, Turn, str | None]:
         """Token-in, token-out: send kept ids + rendered new messages to /v1/completions, or,
-        when the conversation shows images, to vLLM's token route with the images."""
-        cfg = self.config
+        when the conversation shows images, to vLLM's token route with the images.
+
+        With ``kept`` (stopped by the server at a weight update) the prompt is the kept
+        call's prompt plus its completion ids, ``max_tokens`` what is left, and the answer
+        is merged after the kept tokens: they are not sampled again, and the new weights
+        prefill them. A constrained call (``tool_choice: required``, a grammar) cannot
+        resume its constraint mid-way, and one with images is not continued on the token
+        route: either is made again from its start.
+        """
+        images = [part for m in call.messages for part in m.images]
+        constrained = bool(call.tools and call.tool_choice == "required")
+        if kept is not None and kept.text is not None and not images and not constrained:
+            return await self._continue(call, kept)
         openai_messages = [m.to_openai() for m in call.messages]
         last = call.history[-1] if call.history else None
         if last is not None and last.prompt_token_ids:
@@ -343,15 +370,45 @@ class PolicyClient:
             delta = await self._renderer.delta(
                 openai_messages[start:], call.tools, last.completion_token_ids
             )
-            kept = last._sent_prompt_ids
-            prompt_ids = (kept if kept is not None else last.prompt_token_ids) + (
+            sent = last._sent_prompt_ids
+            prompt_ids = (sent if sent is not None else last.prompt_token_ids) + (
                 last.completion_token_ids + delta
             )
         else:
             prompt_ids = await self._renderer.prompt(openai_messages, call.tools)
-        images = [part for m in call.messages for part in m.images]
         if images:
-            return await self._generate(call, prompt_ids, images)
+            return (*await self._generate(call, prompt_ids, images), None)
+        return await self._completions(call, prompt_ids)
+
+    async def _continue(self, call: _Call, kept: PolicyReply) -> tuple[Message, Turn, str]:
+        """``kept``'s call on from its prompt + kept ids; the answer merged after them."""
+        before = kept.turn
+        sampling = self._sampling(call.sampling)
+        if sampling.get("max_tokens") is not None:
+            left = sampling["max_tokens"] - len(before.completion_token_ids)
+            if left <= 0:  # stopped on its last token: done
+                before.finish_reason = "length"
+                return kept.message, before, kept.text or ""
+            limit = {"max_tokens": left}
+            sampling_left = (
+                call.sampling.model_copy(update=limit) if call.sampling else SamplingParams(**limit)
+            )
+            call = dataclasses.replace(call, sampling=sampling_left)
+        prompt = before.prompt_token_ids + before.completion_token_ids
+        _, turn, text = await self._completions(call, prompt)
+        text = (kept.text or "") + text
+        content, calls = self._split_text(text, call)
+        turn.prompt_token_ids = before.prompt_token_ids
+        turn.completion_token_ids = before.completion_token_ids + turn.completion_token_ids
+        turn.logprobs = before.logprobs + turn.logprobs
+        turn.prompt_tokens = before.prompt_tokens
+        turn.completion_tokens += before.completion_tokens
+        turn.finish_reason = _finish(turn.finish_reason, calls)
+        return Message(role="assistant", content=content, tool_calls=calls or None), turn, text
+
+    async def _completions(self, call: _Call, prompt_ids: list[int]) -> tuple[Message, Turn, str]:
+        """``prompt_ids`` to ``/v1/completions``; the message, the turn and the raw text."""
+        cfg = self.config
         body: dict[str, Any] = {
             "model": cfg.model,
             "prompt": prompt_ids,
@@ -365,6 +422,7 @@ class PolicyClient:
             body["response_format"] = tool_call_structural_tag(call.tools)
         answer = await self.http.post("/completions", body, call.headers, call.failed)
         choice, content, calls = self._text_choice(answer, call)
+        text = choice.get("text") or ""
         usage = answer.get("usage") or {}
         logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
         turn = Turn(
@@ -375,11 +433,12 @@ class PolicyClient:
             or prompt_ids,
             completion_token_ids=choice.get("token_ids") or [],
             logprobs=list(logprobs),
-            finish_reason="tool_calls" if calls else choice.get("finish_reason"),
+            finish_reason=_finish(choice.get("finish_reason"), calls),
             prompt_tokens=usage.get("prompt_tokens") or len(prompt_ids),
             completion_tokens=usage.get("completion_tokens") or 0,
         )
-        return Message(role="assistant", content=content, tool_calls=calls or None), turn
+        message = Message(role="assistant", content=content, tool_calls=calls or None)
+        return message, turn, text
 
     def _text_choice(
         self, answer: dict[str, Any], call: _Call
@@ -390,11 +449,15 @@ class PolicyClient:
         if not choices:
             raise _UnusableAnswer(f"policy server {self.base_url} returned no choices")
         choice = choices[0]
-        text = choice.get("text") or ""
+        content, calls = self._split_text(choice.get("text") or "", call)
+        return choice, content, calls
+
+    @staticmethod
+    def _split_text(text: str, call: _Call) -> tuple[str | None, list[ToolCall]]:
+        """Content and Hermes tool calls of a completion's text, when the call offered tools."""
         if call.tools and call.tool_choice != "none":
-            content, calls = parse_hermes_tool_calls(text)
-            return choice, content, calls
-        return choice, text, []
+            return parse_hermes_tool_calls(text)
+        return text, []
 
     async def _generate(
         self, call: _Call, prompt_ids: list[int], images: list[ContentPart]
@@ -441,7 +504,7 @@ class PolicyClient:
             prompt_token_ids=expanded,
             completion_token_ids=completion,
             logprobs=[entry["logprob"] for entry in logprobs],
-            finish_reason="tool_calls" if calls else choice.get("finish_reason"),
+            finish_reason=_finish(choice.get("finish_reason"), calls),
             prompt_tokens=usage.get("prompt_tokens") or len(expanded),
             completion_tokens=usage.get("completion_tokens") or len(completion),
         )
@@ -499,6 +562,12 @@ def chat_reply(body: dict[str, Any], base_url: str) -> tuple[Message, Turn]:
         completion_tokens=usage.get("completion_tokens") or 0,
     )
     return message, turn
+
+
+def _finish(reason: str | None, calls: list[ToolCall]) -> str | None:
+    """The turn's finish reason: 'tool_calls' when the text holds calls, except for a call
+    the server stopped ('abort'), which the gate continues."""
+    return "tool_calls" if calls and reason != "abort" else reason
 
 
 def _brief(text: str, limit: int = 300) -> str:

@@ -41,6 +41,7 @@ __all__ = [
     "WeightUpdateError",
     "check_policy",
     "kind_settings",
+    "interrupt_refusal",
     "policy_kind",
     "policy_kinds",
 ]
@@ -125,6 +126,10 @@ class PolicyKind:
     """The kind's cross-field checks, given the run's config and the kind's settings (an
     instance of ``settings_model``): raises ``ValueError`` naming a config that cannot work,
     before anything starts."""
+    interrupt: Callable[[RunConfig], str | None] | None = None
+    """Whether the kind can take pause mode 'interrupt' (stop calls in flight at once and
+    answer each with its tokens so far, ``finish_reason: abort``): None when it cannot;
+    else a function saying why this config cannot (None when it can)."""
     driver_bound: Callable[[RunConfig], str | None] | None = None
     """Why this config's policy ends with the driver that starts it (a server the kind starts
     outside Serve), so an engine that outlives its driver (``rayrollout up``) cannot use
@@ -225,6 +230,18 @@ def kind_settings(config: RunConfig, model: type[S]) -> S:
         raise ConfigError("invalid config: " + "; ".join(problems)) from None
 
 
+def interrupt_refusal(kind: PolicyKind, config: RunConfig) -> str | None:
+    """Why pause mode 'interrupt' cannot work with this kind and config, or None."""
+    if kind.interrupt is None:
+        return (
+            f"policy kind '{kind.name}' cannot interrupt a call and keep its tokens: use "
+            "pause_mode 'wait', 'abort_and_retry' or 'continue', or a kind that can (vllm, "
+            "prompt_mode token_ids)"
+        )
+    reason = kind.interrupt(config)
+    return None if reason is None else f"policy kind '{kind.name}': {reason}"
+
+
 def _not_a_setting(kind: str, key: str, model: type[BaseModel]) -> str:
     """Why ``key`` is refused: neither a common policy key nor one of the kind's."""
     known = sorted({*PolicyConfig.model_fields, *model.model_fields})
@@ -248,6 +265,10 @@ def check_policy(config: RunConfig) -> PolicyKind:
     """
     kind = policy_kind(config.policy.kind)
     settings = kind_settings(config, kind.settings_model)
+    if config.training.pause_mode == "interrupt":
+        refusal = interrupt_refusal(kind, config)
+        if refusal is not None:
+            raise ConfigError(f"invalid config: training.pause_mode: {refusal}")
     if kind.check is not None:
         try:
             kind.check(config, settings)

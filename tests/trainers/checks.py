@@ -50,6 +50,22 @@ def expected(row: dict[str, Any]) -> tuple[list[int], list[int], list[int], list
     return prompt, response, mask, logprobs
 
 
+def check_versions(row: dict[str, Any], mask: list[int], versions: list[int]) -> list[str]:
+    """The mismatches of an adapter's per-token versions (aligned with the response): on
+    the mask, the row's policy turns' ``token_versions`` end to end, -1 elsewhere."""
+    key = (row["task_id"], row["sample_index"])
+    made: list[int] = []
+    for turn in row["turns"]:
+        if turn.get("speaker", "policy") == "policy":
+            own = turn.get("token_versions") or []
+            made += own or [turn["policy_version"]] * len(turn["completion_token_ids"])
+    made.reverse()
+    want = [made.pop() if m else -1 for m in mask] if len(made) == sum(mask) else None
+    if want is None or versions != want:
+        return [f"{key}: token versions"]
+    return []
+
+
 def check(
     row: dict[str, Any],
     prompt: list[int],

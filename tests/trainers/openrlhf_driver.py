@@ -156,6 +156,7 @@ def main(url: str, token: str, agent_path: str, out: str) -> None:
                 "info": {k: v.tolist() for k, v in experience.info.items()},
                 "status": response["rayrollout_status"],
                 "policy_versions": response["rayrollout_policy_versions"],
+                "token_versions": response["rayrollout_token_versions"],
             }
         )
     record = {

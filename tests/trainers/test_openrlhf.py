@@ -12,7 +12,7 @@ import subprocess
 from collections import Counter
 
 import pytest
-from checks import HERE, ROOT, check, trainer_env, trainer_python
+from checks import HERE, ROOT, check, check_versions, trainer_env, trainer_python
 
 pytestmark = [pytest.mark.trainers, pytest.mark.timeout(600)]
 
@@ -70,6 +70,8 @@ def test_openrlhf_experiences_from_the_agent_executor_equal_the_rows(service, tm
         assert len(mask) == len(logprobs) == len(sequence)
         first = mask.index(1)
         problems += check(row, sequence[:first], sequence[first:], mask[first:], logprobs[first:])
+        # Aligned with the observation tokens, as the executor's rollout_log_probs.
+        problems += check_versions(row, mask[first:], s["token_versions"][first:])
         spans = s["action_ranges"]  # the policy's turns, each [start, end), in order
         assert [int(any(i <= k < j for i, j in spans)) for k in range(len(mask))] == mask
         assert all(i < j for i, j in spans) and spans == sorted(spans)

@@ -128,3 +128,20 @@ def test_forced_tokens_are_masked_by_default_and_kept_when_asked():
     assert masked.logprobs == [-0.3, -0.4, -0.5, 0.0, -0.6]
     kept = flatten(rows, mask_forced=False)
     assert kept.mask == [1, 1, 1, 0, 1] and kept.forced == masked.forced
+
+
+def test_each_response_token_carries_the_version_that_made_it():
+    """A turn a weight update cut keeps its per-token versions in the sequence, aligned with
+    the response ids; environment tokens get -1; a row without them reads one per turn."""
+    seq = flatten(
+        row(
+            [
+                turn([1, 2], [3, 4, 5], version=1, extends=False, token_versions=[1, 1, 2]),
+                turn([1, 2, 3, 4, 5, 9], [6, 7], version=2),
+            ]
+        )
+    )
+    assert seq.response_ids == [3, 4, 5, 9, 6, 7]
+    assert seq.token_versions == [1, 1, 2, -1, 2, 2]
+    assert len(seq.token_versions) == len(seq.mask) == len(seq.logprobs)
+    assert (seq.policy_versions, seq.oldest_version) == ([1, 2], 1)

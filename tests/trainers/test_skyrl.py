@@ -9,7 +9,7 @@ import subprocess
 from collections import Counter
 
 import pytest
-from checks import HERE, check, trainer_env, trainer_python
+from checks import HERE, check, check_versions, trainer_env, trainer_python
 
 pytestmark = [pytest.mark.trainers, pytest.mark.timeout(600)]
 
@@ -43,6 +43,9 @@ def test_skyrl_generator_output_is_validated_by_skyrl_and_equals_the_rows(servic
             record["response_ids"][i],
             record["loss_masks"][i],
             record["rollout_logprobs"][i],
+        )
+        problems += check_versions(
+            row, record["loss_masks"][i], record["rayrollout_token_versions"][i]
         )
         assert record["rewards"][i] == row["reward"]
     assert problems == []

@@ -11,7 +11,7 @@ import json
 import subprocess
 
 import pytest
-from checks import HERE, check, trainer_env, trainer_python
+from checks import HERE, check, check_versions, trainer_env, trainer_python
 
 pytestmark = [pytest.mark.trainers, pytest.mark.timeout(900)]
 
@@ -54,6 +54,9 @@ def test_trl_grpo_trains_on_rayrollout_rollouts_and_pushes_weights(service, tmp_
                 answer["completion_ids"][i],
                 answer["env_mask"][i],
                 answer["logprobs"][i],
+            )
+            problems += check_versions(
+                row, answer["env_mask"][i], answer["rayrollout_token_versions"][i]
             )
             assert answer["rayrollout_reward"][i] == row["reward"]
             assert answer["rayrollout_status"][i] == "ok"

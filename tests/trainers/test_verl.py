@@ -12,7 +12,7 @@ import subprocess
 import time
 
 import pytest
-from checks import HERE, check, trainer_env, trainer_python
+from checks import HERE, check, check_versions, trainer_env, trainer_python
 
 from rayrollout import read_trajectories
 from rayrollout.client import RolloutClient
@@ -63,6 +63,7 @@ def test_verl_agent_loop_manager_dataproto_equals_the_engine_rows(service, tmp_p
     for s in samples:
         row = rows[(s["task_id"], s["sample_index"])]
         problems += check(row, s["prompt_ids"], s["response_ids"], s["mask"], s["logprobs"])
+        problems += check_versions(row, s["mask"], s["token_versions"])
         assert s["reward"] == pytest.approx(row["reward"]) == pytest.approx(s["reward_at_last"])
         assert s["status"] == row["status"] == "ok"
         assert s["input_ids_match"] and s["mask_outside"] == 0

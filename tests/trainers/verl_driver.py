@@ -123,6 +123,7 @@ def main(url: str, token: str, out: str) -> None:
                 "response_ids": tensors["responses"][i][response_keep].tolist(),
                 "mask": response_mask[response_keep].tolist(),
                 "logprobs": tensors["rollout_log_probs"][i][response_keep].tolist(),
+                "token_versions": tensors["rayrollout_token_versions"][i][response_keep].tolist(),
                 "input_ids_match": tensors["input_ids"][i].tolist()
                 == tensors["prompts"][i].tolist() + tensors["responses"][i].tolist(),
                 "positions": tensors["position_ids"][i][attention.bool()].tolist(),

@@ -148,7 +148,7 @@ def test_grpo_example_runs_three_steps_and_the_weights_really_change(services):
             assert to_new < 0.01 and to_old > 3 * to_new, gaps
 
 
-@pytest.mark.parametrize("mode", ["abort_and_retry", "wait", "continue"])
+@pytest.mark.parametrize("mode", ["abort_and_retry", "wait", "continue", "interrupt"])
 def test_weights_update_with_episodes_in_flight_loses_no_episode(services, mode):
     from examples.grpo_loop import tasks
 
@@ -186,6 +186,110 @@ def test_weights_update_with_episodes_in_flight_loses_no_episode(services, mode)
         assert (
             sum(t.policy_version == version + 1 for t in trajectories) >= paused["calls_in_flight"]
         )
+
+
+# Long generations (several seconds each at this tiny model's pace, even on an idle machine):
+# an update half a second after they are all in flight lands in their middle.
+CUT_TOKENS = 640
+
+
+def greedy_continuation(services: TinyVllm, prompt: list[int], count: int) -> dict:
+    """What the served weights give greedily after ``prompt``: ``count`` token ids."""
+    import httpx
+
+    body = {
+        "model": services.model,
+        "prompt": prompt,
+        "max_tokens": count,
+        "temperature": 0.0,
+        "logprobs": 0,
+        "return_token_ids": True,
+    }
+    response = httpx.post(
+        f"{services.base_url}/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {services.token}"},
+        timeout=120,
+    )
+    response.raise_for_status()
+    return response.json()["choices"][0]
+
+
+@pytest.mark.parametrize("mode", ["interrupt", "continue"])
+def test_an_update_mid_generation_keeps_the_tokens_and_labels_each_with_its_weights(services, mode):
+    """Greedy generations of CUT_TOKENS tokens, an update in their middle. 'interrupt': pause()
+    returns with every call stopped, its tokens kept (stopped_calls); each finished turn holds
+    them byte for byte under the old version, then the new weights' greedy continuation of
+    that exact prefix under the new version. 'continue': the same labels and continuation."""
+    from examples.grpo_loop import tasks
+
+    engine = ray.get_actor("engine", namespace="grpo-example")
+    checkpoint = perturbed_checkpoint(services, f"cut-{mode}")
+    rows = [{**row, "sampling": {"max_tokens": CUT_TOKENS, "temperature": 0.0}} for row in tasks()]
+    before = ray.get(engine.stats.remote())
+    version = before["policy"]["version"]
+
+    batch = engine.generate.remote(rows, 2)
+    deadline = time.monotonic() + 120
+    while ray.get(engine.stats.remote())["policy_calls"]["in_flight"] < 8:
+        assert time.monotonic() < deadline, "episodes never got in flight"
+        time.sleep(0.05)
+    time.sleep(0.5)  # tokens generated under the old weights
+    paused = ray.get(engine.pause.remote(mode))
+    if mode == "interrupt":  # pause() returned: every call in flight is stopped and back
+        stopped = {c["episode_id"]: c for c in ray.get(engine.stopped_calls.remote())}
+        assert len(stopped) == paused["calls_in_flight"] >= 8, (paused, len(stopped))
+    update = ray.get(engine.update_weights.remote(str(checkpoint)))
+    ray.get(engine.resume.remote())
+    result = ray.get(batch)
+    after = ray.get(engine.stats.remote())
+
+    trajectories = result.trajectories()
+    keys = [(t.task_id, t.sample_index) for t in trajectories]
+    assert len(keys) == len(set(keys)) == 2 * len(rows)  # none lost, none twice
+    assert {t.status for t in trajectories} <= {"ok", "truncated"}, [t.error for t in trajectories]
+    assert update["version"] == version + 1
+    cut, continuation_checked = [], 0
+    for t in trajectories:
+        turn = t.turns[0]
+        versions = turn.token_versions
+        assert len(versions) == len(turn.completion_token_ids) == len(turn.logprobs) > 0
+        assert set(versions) <= {version, version + 1} and versions == sorted(versions)
+        assert turn.policy_version == versions[0]
+        if len(set(versions)) == 2:
+            cut.append((t, versions.index(version + 1)))
+    calls = {
+        k: after["policy_calls"][k] - before["policy_calls"][k]
+        for k in ("interrupted", "kept_tokens", "discarded_tokens")
+    }
+    print(f"\n{mode}: paused {paused}; {len(cut)} turns cut by the update; calls {calls}")
+    assert len(cut) >= 4 and calls["discarded_tokens"] == 0
+    assert calls["interrupted"] == len(cut)  # every call stopped with tokens, and only those
+    assert calls["kept_tokens"] == sum(k for _, k in cut)
+    if mode == "interrupt":
+        assert len(stopped) == len(cut)
+    mismatches = []
+    for t, k in cut:
+        turn = t.turns[0]
+        if mode == "interrupt":
+            (kept,) = [
+                c for e, c in stopped.items() if e.startswith(f"{t.task_id}:{t.sample_index}:")
+            ]
+            # The kept tokens and logprobs, byte for byte, under the old version.
+            assert kept["prompt_token_ids"] == turn.prompt_token_ids
+            assert kept["completion_token_ids"] == turn.completion_token_ids[:k]
+            assert kept["logprobs"] == turn.logprobs[:k]
+            assert kept["token_versions"] == [version] * k
+        # After the cut: what the new weights give greedily for the same prefix.
+        rest = len(turn.completion_token_ids) - k
+        expected = greedy_continuation(
+            services, turn.prompt_token_ids + turn.completion_token_ids[:k], rest
+        )
+        continuation_checked += 1
+        if expected["token_ids"] != turn.completion_token_ids[k:]:
+            mismatches.append((t.task_id, t.sample_index, k, rest))
+    print(f"{mode}: continuations checked {continuation_checked}, mismatches {mismatches}")
+    assert not mismatches
 
 
 def perturbed_checkpoint(services: TinyVllm, name: str) -> Path:

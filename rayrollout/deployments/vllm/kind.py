@@ -32,9 +32,16 @@ from rayrollout.policy.kinds import PolicyKind, WeightUpdateError, kind_settings
 __all__ = ["VLLM", "VllmSettings", "VllmWeights", "build_vllm_policy_app"]
 
 # vLLM's pause_generation mode per rayrollout pause mode: agents have already finished
-# ('wait') or cancelled ('abort_and_retry') their calls; 'continue' freezes the calls left
-# in flight and lets them go on after resume.
-_VLLM_PAUSE = {"wait": "keep", "abort_and_retry": "abort", "continue": "keep"}
+# ('wait') or cancelled ('abort_and_retry') their calls; 'interrupt' aborts those in flight,
+# which answer with their tokens so far, and the gate continues them after resume. So does
+# 'continue' in token-ids mode (each token's version is then known); with prompt_mode
+# 'messages' a stopped chat call could not go on, so 'continue' freezes it ('keep').
+_VLLM_PAUSE = {
+    "wait": "keep",
+    "abort_and_retry": "abort",
+    "continue": "abort",
+    "interrupt": "abort",
+}
 _CONTROL_TIMEOUT_S = 600.0
 
 
@@ -65,6 +72,19 @@ def check_vllm_policy(config: RunConfig, settings: VllmSettings) -> None:
             "kind 'vllm' takes vllm_config (the run deploys that app) or base_url (an app "
             "already up), not both: leave one out"
         )
+
+
+def _interrupt_refusal(config: RunConfig) -> str | None:
+    """A stopped call goes on from its kept token ids: only in token-ids mode."""
+    policy = config.policy
+    if policy.prompt_mode == "messages" and (
+        "prompt_mode" in policy.model_fields_set or policy.base_url
+    ):
+        return (
+            "pause_mode 'interrupt' continues a stopped call from its kept token ids: set "
+            "policy.prompt_mode: token_ids"
+        )
+    return None
 
 
 def build_vllm_policy_app(config: RunConfig, auth: RouteAuth) -> Any:
@@ -101,9 +121,12 @@ class VllmWeights:
     """Ray Serve LLM's control endpoints (``DevIngress``), next to the app's ``/v1``, called
     with the run's token (they pause the model and run code in its workers)."""
 
-    def __init__(self, policy_url: str, model: str, token: str | None = None) -> None:
+    def __init__(
+        self, policy_url: str, model: str, token: str | None = None, token_ids: bool = True
+    ) -> None:
         self.base = policy_url.rstrip("/").removesuffix("/v1")
         self.model = model
+        self.token_ids = token_ids  # calls can go on from kept ids (prompt_mode token_ids)
         self.headers = bearer_header(token) if token else {}
 
     async def _post(self, route: str, body: dict[str, Any]) -> Any:
@@ -125,7 +148,10 @@ class VllmWeights:
                 return await response.json() if text else None
 
     async def pause(self, mode: PauseMode) -> None:
-        await self._post("pause", {"options": {"mode": _VLLM_PAUSE[mode], "clear_cache": True}})
+        vllm_mode = _VLLM_PAUSE[mode]
+        if mode == "continue" and not self.token_ids:
+            vllm_mode = "keep"
+        await self._post("pause", {"options": {"mode": vllm_mode, "clear_cache": True}})
 
     async def resume(self) -> None:
         await self._post("resume", {"options": {}})
@@ -145,8 +171,11 @@ class VllmWeights:
 VLLM = PolicyKind(
     "vllm",
     build_vllm_policy_app,
-    lambda config, url, token: VllmWeights(url, config.policy.model, token),
+    lambda config, url, token: VllmWeights(
+        url, config.policy.model, token, config.policy.prompt_mode == "token_ids"
+    ),
     attaches=True,  # policy.base_url: an app already up, its control routes take the key
     settings_model=VllmSettings,
     check=check_vllm_policy,
+    interrupt=_interrupt_refusal,
 )
