@@ -1,15 +1,18 @@
 """Worker actors: async Ray actors that each play hundreds of episodes at once.
 
 A worker takes chunks of episodes (one Ray call per chunk), plays each with the agent its
-task names, and streams finished ones back as Arrow batches (``chunks``). Agents are built
-once per worker; Serve-hosted environments are reached through cached handles.
+task names, writes the rows the engine asks it to write to its own parts (``worker_parts``)
+and streams back which episodes finished and which are committed, with the rows a caller
+waits on as Arrow batches (``chunks``). Agents are built once per worker; Serve-hosted
+environments are reached through cached handles.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -23,6 +26,7 @@ from rayrollout.data.config import RunConfig
 from rayrollout.engine.chunks import ChunkRows
 from rayrollout.engine.episode_frame import EpisodeSpec, failed_trajectory, run_episode
 from rayrollout.engine.feeding import worker_share
+from rayrollout.engine.worker_parts import ChunkCommits, PartsTarget, WorkerParts
 from rayrollout.envkit import Environment
 from rayrollout.envkit.nemo_gym.client import NemoGymConnections, RemoteEnvironment
 from rayrollout.envkit.registry import environment_spec
@@ -229,10 +233,14 @@ class WorkerRunner:
         specs: list[EpisodeSpec],
         policy_state: tuple[int, bool] | None = None,
         linger_s: float = _LINGER_S,
-    ) -> AsyncIterator[tuple[list[int], list[dict[str, Any]]]]:
-        """Run a chunk of episodes concurrently; yield ``(indices, rows)`` as they finish,
-        one row per episode, failures included. ``policy_state`` (version, paused) is the
-        engine's, for a worker that restarted.
+        writes: Collection[int] = (),
+        parts: WorkerParts | None = None,
+    ) -> AsyncIterator[Finished]:
+        """Run a chunk of episodes concurrently; yield what finished and what was committed
+        as it happens, one row per episode, failures included. ``policy_state`` (version,
+        paused) is the engine's, for a worker that restarted. The rows of the episodes at
+        ``writes`` (positions in ``specs``) go to ``parts``, and the call lasts until a part
+        holds each of them.
 
         A chunk's slow episode does not hold the finished ones back: with episode times as
         uneven as RL rollouts' (a long tool call, a model that talks for ten turns), waiting
@@ -241,17 +249,87 @@ class WorkerRunner:
         """
         if policy_state is not None:
             self.gate.sync(*policy_state)
-        running = {
-            asyncio.ensure_future(self.run_admitted(spec)): index
-            for index, spec in enumerate(specs)
-        }
-        while running:
-            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-            if linger_s and len(done) < len(running):
-                await asyncio.sleep(linger_s)
-                done = {task for task in running if task.done()}
-            indices = [running.pop(task) for task in done]
-            yield indices, [task.result() for task in done]
+        commits = ChunkCommits() if parts is not None and writes else None
+        running: dict[asyncio.Future[dict[str, Any]], int] = {}
+        changed: asyncio.Task[bool] | None = None
+        try:
+            if commits is not None and parts is not None and parts.earlier:
+                answered = _answered_before(specs, writes, parts)
+                if answered.indices:
+                    yield answered
+            else:
+                answered = Finished()
+            skip = set(answered.indices)
+            running = {
+                asyncio.ensure_future(self.run_admitted(spec)): index
+                for index, spec in enumerate(specs)
+                if index not in skip
+            }
+            while running or (commits is not None and (commits.waiting or commits.committed)):
+                waits: set[asyncio.Future[Any]] = set(running)
+                if commits is not None:
+                    if changed is None or changed.done():
+                        changed = asyncio.ensure_future(commits.changed.wait())
+                    waits.add(changed)
+                done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                finished = [task for task in done if task in running]
+                if finished and linger_s and len(finished) < len(running):
+                    await asyncio.sleep(linger_s)
+                    finished = [task for task in running if task.done()]
+                batch = Finished()
+                for task in finished:
+                    index = running.pop(task)
+                    row = task.result()
+                    batch.indices.append(index)
+                    batch.rows.append(row)
+                    if commits is not None and parts is not None and index in writes:
+                        parts.add(commits, index, row)
+                if commits is not None:
+                    batch.committed, batch.parts, batch.seconds = commits.take()
+                    if commits.error is not None:
+                        raise commits.error
+                if batch.indices or batch.committed:
+                    yield batch
+            if commits is not None and commits.error is not None:
+                raise commits.error
+        finally:
+            if changed is not None:
+                changed.cancel()
+            if commits is not None and parts is not None:
+                parts.abandon(commits)
+            for task in running:  # the call ended early: nobody takes these rows
+                task.cancel()
+
+
+@dataclass
+class Finished:
+    """One item of a chunk call: episodes that finished (``indices`` into the chunk, and
+    their ``rows``) and episodes whose rows a renamed part now holds (``committed``, in
+    ``parts``, written in ``seconds``)."""
+
+    indices: list[int] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    committed: list[int] = field(default_factory=list)
+    parts: list[str] = field(default_factory=list)
+    seconds: float = 0.0  # spent writing those parts
+
+
+def _answered_before(
+    specs: list[EpisodeSpec], writes: Collection[int], parts: WorkerParts
+) -> Finished:
+    """The episodes of ``specs`` a killed process of this worker wrote to a part before the
+    engine heard of it: answered from the part (finished and committed), not played again."""
+    answered = Finished()
+    for index in writes:
+        found = parts.written_before(specs[index].key)
+        if found is not None:
+            row, part = found
+            answered.indices.append(index)
+            answered.rows.append(row)
+            answered.committed.append(index)
+            if part not in answered.parts:
+                answered.parts.append(part)
+    return answered
 
 
 @ray.remote(max_restarts=-1, max_task_retries=0)
@@ -273,17 +351,42 @@ class WorkerActor:
         max_running: int | None = None,
     ) -> None:
         self.runner = WorkerRunner(name, config, policy_url, policy_key, max_running)
+        self.writer = name.removeprefix(WORKER_PREFIX)  # in its parts' names: part-<run>-w0.*
+        self.writer = f"w{self.writer}" if self.writer.isdigit() else self.writer
+        self.parts: dict[PartsTarget, WorkerParts] = {}
+        self.opening = asyncio.Lock()  # concurrent chunk calls open a target's writer once
         # Arrow imports pandas and its compute functions at the first table it builds: here,
         # not in the first chunk, where it held every episode of the worker for a second.
         ChunkRows.from_rows([], [])
         tune_gc()  # about a fifth of a worker's CPU went to the collector (gc_tuning)
 
     async def run(
-        self, specs: list[EpisodeSpec], policy_state: tuple[int, bool] | None = None
+        self,
+        specs: list[EpisodeSpec],
+        policy_state: tuple[int, bool] | None = None,
+        target: PartsTarget | None = None,
+        writes: list[int] | None = None,
     ) -> AsyncIterator[ChunkRows]:
-        """A Ray streaming generator: each finished batch of the chunk goes back at once."""
-        async for indices, rows in self.runner.stream(specs, policy_state):
-            yield ChunkRows.from_rows(rows, indices)
+        """A Ray streaming generator: each finished batch of the chunk goes back at once.
+
+        The rows of the episodes at ``writes`` go to this worker's own parts in ``target``'s
+        folder; the engine hears which finished and, later, which are committed (their
+        rows stay here). The other rows travel back (a caller waits on them)."""
+        parts = None
+        if target is not None and writes:
+            async with self.opening:
+                parts = self.parts.get(target)
+                if parts is None:
+                    parts = await asyncio.to_thread(WorkerParts, target, self.writer)
+                    self.parts[target] = parts
+        written = set(writes or ())
+        async for batch in self.runner.stream(specs, policy_state, writes=written, parts=parts):
+            yield ChunkRows.from_finished(batch, written)
+
+    async def flush(self) -> int:
+        """Write every row this worker buffers to its parts now; returns rows written."""
+        counts = await asyncio.gather(*(parts.flush() for parts in self.parts.values()))
+        return sum(counts)
 
     async def pause(self, mode: PauseMode) -> int:
         """Hold this worker's new model calls (see ``policy_gate``); returns calls in flight."""
