@@ -264,8 +264,8 @@ class RunFolder:
             return None
 
     def _wait_for_writers(self, timeout_s: float) -> None:
-        """Wait until no worker is inside ``fenced`` (one that passed its check before this
-        process took the lock may still be renaming its part)."""
+        """Wait until no worker is inside ``fenced`` (a write that passed its check while an
+        earlier engine held the lock may still be renaming its part)."""
         with (self.path / WRITERS_FILE).open("a+") as fence:
             deadline = time.monotonic() + timeout_s
             while True:

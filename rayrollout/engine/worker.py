@@ -253,12 +253,11 @@ class WorkerRunner:
         running: dict[asyncio.Future[dict[str, Any]], int] = {}
         changed: asyncio.Task[bool] | None = None
         try:
+            answered = Finished()
             if commits is not None and parts is not None and parts.earlier:
                 answered = _answered_before(specs, writes, parts)
                 if answered.indices:
                     yield answered
-            else:
-                answered = Finished()
             skip = set(answered.indices)
             running = {
                 asyncio.ensure_future(self.run_admitted(spec)): index
@@ -327,8 +326,7 @@ def _answered_before(
             answered.indices.append(index)
             answered.rows.append(row)
             answered.committed.append(index)
-            if part not in answered.parts:
-                answered.parts.append(part)
+            answered.parts += [part] if part not in answered.parts else []
     return answered
 
 
@@ -351,8 +349,7 @@ class WorkerActor:
         max_running: int | None = None,
     ) -> None:
         self.runner = WorkerRunner(name, config, policy_url, policy_key, max_running)
-        self.writer = name.removeprefix(WORKER_PREFIX)  # in its parts' names: part-<run>-w0.*
-        self.writer = f"w{self.writer}" if self.writer.isdigit() else self.writer
+        self.writer = f"w{name.removeprefix(WORKER_PREFIX)}"  # its parts: part-<run>-w0.<n>
         self.parts: dict[PartsTarget, WorkerParts] = {}
         self.opening = asyncio.Lock()  # concurrent chunk calls open a target's writer once
         # Arrow imports pandas and its compute functions at the first table it builds: here,
