@@ -25,7 +25,7 @@ def row(task_id: str, sample_index: int = 0) -> dict:
 
 
 def target(tmp_path, holder_pid: int, rows_per_part: int = 2, flush_s: float = 3600) -> PartsTarget:
-    return PartsTarget(str(tmp_path), "parquet", "run", holder_pid, rows_per_part, flush_s)
+    return PartsTarget(str(tmp_path), "parquet", "run", holder_pid, rows_per_part, flush_s, "n")
 
 
 @pytest.fixture

@@ -80,22 +80,25 @@ class ChunkRows:
     indices: list[int]
     committed: list[int] = field(default_factory=list)
     parts: list[str] = field(default_factory=list)
+    returned: list[int] = field(default_factory=list)  # the specs of the rows in ``arrow``
     write_seconds: float = 0.0  # the worker's time writing those parts
 
     @classmethod
     def from_rows(cls, rows: list[dict[str, Any]], indices: list[int]) -> ChunkRows:
-        return cls(_ipc(rows), [summarize(r) for r in rows], indices)
+        return cls(_ipc(rows), [summarize(r) for r in rows], indices, returned=indices)
 
     @classmethod
     def from_finished(cls, batch: Finished, written: Collection[int]) -> ChunkRows:
         """A worker's item: the rows at ``written`` stay out (they go to its parts)."""
-        rows = [r for i, r in zip(batch.indices, batch.rows, strict=True) if i not in written]
+        back = [k for k, i in enumerate(batch.indices) if i not in written]
+        rows = [batch.rows[k] for k in back]
         return cls(
             _ipc(rows) if rows else b"",
             [summarize(r) for r in batch.rows],
             batch.indices,
             batch.committed,
             batch.parts,
+            [batch.indices[k] for k in back],
             batch.seconds,
         )
 

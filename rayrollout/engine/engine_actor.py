@@ -150,6 +150,7 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
             os.getpid(),  # the folder lock's holder: workers write under it (fenced)
             out.rows_per_part,
             out.flush_interval_s,
+            ray.get_runtime_context().get_node_id(),
         )
         # The key the policy's routes take (the run's token for a policy it deployed).
         key = policy_key.get_secret_value() if policy_key is not None else None
@@ -364,13 +365,13 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
                 async for ref in worker.run.remote(sent, self.weights.state(), self.target, writes):
                     result: ChunkRows = await ref
                     finished = [sent[i] for i in result.indices]
+                    back = {id(sent[i]) for i in result.returned}  # rows that came back
                     if finished:
                         holding.difference_update(id(spec) for spec in finished)
-                        await self._finish(index, finished, result, written, counted)
+                        await self._finish(index, finished, result, back, counted)
                     if result.committed:
                         self._committed(result, sent, counted)
-                    done = {id(s) for s in finished if id(s) not in written}
-                    done.update(id(sent[i]) for i in result.committed)
+                    done = back | {id(sent[i]) for i in result.committed}
                     pending = [spec for spec in pending if id(spec) not in done]
                 if not pending:
                     return
@@ -398,7 +399,7 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         again = [spec for spec in pending if id(spec) in counted]
         self.load[index] += len(again) - len(holding)
         self._uncommitted(-len(again))
-        await self._finish(index, pending, result, set(), counted)
+        await self._finish(index, pending, result, {id(spec) for spec in pending}, counted)
 
     def _committed(self, result: ChunkRows, sent: list[EpisodeSpec], counted: set[int]) -> None:
         """A worker's parts now hold these episodes' rows: count them and their parts."""
@@ -420,12 +421,12 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         index: int,
         specs: list[EpisodeSpec],
         result: ChunkRows,
-        written: set[int],
+        back: set[int],
         counted: set[int],
     ) -> None:
         """Free the slots of finished episodes; count them (once: an episode played again
         after its worker died is not counted twice), deliver and write the rows that came
-        back. ``written``: the episodes whose rows the worker writes."""
+        back (``back``: those episodes; the worker writes the others' rows)."""
         self.load[index] -= len(specs)
         self.room.set()
         fresh = [k for k, spec in enumerate(specs) if id(spec) not in counted]
@@ -433,15 +434,15 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         summaries = result.summaries
         if len(fresh) < len(specs):
             summaries = [summaries[k] for k in fresh]
-        self._uncommitted(sum(1 for k in fresh if id(specs[k]) in written))
+        self._uncommitted(sum(1 for k in fresh if id(specs[k]) not in back))
         self.run_stats.in_flight -= len(fresh)
         self.refill.observe(summaries, time.time())
         self.run_stats.add(summaries)
         buffered = self.writer.buffered_rows + self.uncommitted
         self.metrics.on_rows(summaries, self.run_stats.in_flight, buffered)
         try:
-            back = [spec for spec in specs if id(spec) not in written]
-            await self._write(self._deliver(back, result))
+            returned = [spec for spec in specs if id(spec) in back]
+            await self._write(self._deliver(returned, result))
         except Exception:
             pass  # self.failure holds it; finish() raises it to the driver
         finally:

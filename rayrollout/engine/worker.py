@@ -364,12 +364,12 @@ class WorkerActor:
         target: PartsTarget | None = None,
         writes: list[int] | None = None,
     ) -> AsyncIterator[ChunkRows]:
-        """A Ray streaming generator: each finished batch of the chunk goes back at once.
-
-        The rows of the episodes at ``writes`` go to this worker's own parts in ``target``'s
-        folder; the engine hears which finished and, later, which are committed (their
-        rows stay here). The other rows travel back (a caller waits on them)."""
+        """A Ray streaming generator: each finished batch of the chunk goes back at once, the
+        rows at ``writes`` to this worker's parts in ``target``'s folder instead (the engine
+        hears which finished, then which are committed), unless on another node."""
         parts = None
+        if target is not None and target.node_id != ray.get_runtime_context().get_node_id():
+            writes = None  # another node's disk: the rows go back to the engine, which writes
         if target is not None and writes:
             async with self.opening:
                 parts = self.parts.get(target)

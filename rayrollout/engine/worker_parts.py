@@ -28,7 +28,9 @@ _ROW_TYPE = pa.struct(SCHEMA)
 @dataclass(frozen=True)
 class PartsTarget:
     """Where a worker writes the rows of a chunk: the engine's folder and run, and the
-    engine's process, whose hold on the folder's lock every part is written under."""
+    engine's process, whose hold on the folder's lock every part is written under. Only a
+    worker on the engine's node (``node_id``) writes: the folder is the engine's node's,
+    and the lock a process of that node's; a worker elsewhere sends its rows back."""
 
     directory: str
     fmt: str
@@ -36,6 +38,7 @@ class PartsTarget:
     holder_pid: int
     rows_per_part: int
     flush_interval_s: float
+    node_id: str
 
 
 @dataclass
