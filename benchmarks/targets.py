@@ -115,6 +115,13 @@ TARGETS: tuple[Target, ...] = (
     ),
     Target("chaos", "episodes lost after kills and resumes", "folder.lost", "== 0"),
     Target("chaos", "episodes duplicated after kills and resumes", "folder.duplicated", "== 0"),
+    *(
+        Target(
+            "kill_resume", f"rows {what}, the {who} SIGKILLed mid-run", f"{who}.rows_{what}", "== 0"
+        )
+        for who in ("worker", "engine", "driver")
+        for what in ("lost", "duplicated")
+    ),
     Target("vllm_ratio", "engine / bare client, generated tokens/s (vLLM)", "ratio", ">= 0.9"),
     Target("vllm_ratio", "engine / bare client, lowest round (vLLM)", "ratio_min_round", ">= 0.9"),
     Target(
