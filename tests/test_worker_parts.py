@@ -42,9 +42,9 @@ async def test_rows_go_to_whole_parts_by_size_and_age_and_each_call_hears_of_its
 ):
     parts = WorkerParts(target(tmp_path, os.getpid(), rows_per_part=2, flush_s=0.2), "w0")
     first, second = ChunkCommits(), ChunkCommits()
-    parts.add(first, 0, row("a"))
-    parts.add(second, 0, row("b"))  # two rows: a part is due
-    parts.add(second, 1, row("c"))  # waits for the age limit
+    parts.add(first, [0], [row("a")])
+    parts.add(second, [0], [row("b")])  # two rows: a part is due
+    parts.add(second, [1], [row("c")])  # waits for the age limit
     await asyncio.wait_for(first.changed.wait(), 5)
     assert first.take()[:2] == ([0], [str(tmp_path / "part-run-w0.00000.parquet")])
     await asyncio.sleep(0.5)
@@ -61,8 +61,8 @@ async def test_rows_go_to_whole_parts_by_size_and_age_and_each_call_hears_of_its
 async def test_an_abandoned_calls_rows_never_reach_a_part(tmp_path, engine_lock):
     parts = WorkerParts(target(tmp_path, os.getpid(), rows_per_part=10), "w0")
     gone, kept = ChunkCommits(), ChunkCommits()
-    parts.add(gone, 0, row("gone"))
-    parts.add(kept, 0, row("kept"))
+    parts.add(gone, [0], [row("gone")])
+    parts.add(kept, [0], [row("kept")])
     parts.abandon(gone)
     await parts.flush()
     assert RunFolder(tmp_path).written_keys() == {("kept", 0)}
@@ -73,7 +73,7 @@ async def test_a_restarted_worker_numbers_on_and_answers_from_its_killed_process
     tmp_path, engine_lock
 ):
     killed = WorkerParts(target(tmp_path, os.getpid()), "w1")
-    killed.add(ChunkCommits(), 0, row("done", 3))
+    killed.add(ChunkCommits(), [0], [row("done", 3)])
     await killed.flush()
     (tmp_path / ".part-run-w1.00001.parquet.tmp").write_bytes(b"half a part")
     other = tmp_path / ".part-run-w0.00000.parquet.tmp"  # another worker's, being written
@@ -84,7 +84,7 @@ async def test_a_restarted_worker_numbers_on_and_answers_from_its_killed_process
     assert found is not None and (found[0]["task_id"], found[0]["sample_index"]) == ("done", 3)
     assert found[1].endswith("part-run-w1.00000.parquet")
     assert restarted.written_before(("done", 4)) is None
-    restarted.add(ChunkCommits(), 0, row("next"))
+    restarted.add(ChunkCommits(), [0], [row("next")])
     await restarted.flush()
     assert (tmp_path / "part-run-w1.00001.parquet").exists()
 

@@ -277,13 +277,12 @@ class WorkerRunner:
                     finished = [task for task in running if task.done()]
                 batch = Finished()
                 for task in finished:
-                    index = running.pop(task)
-                    row = task.result()
-                    batch.indices.append(index)
-                    batch.rows.append(row)
-                    if commits is not None and parts is not None and index in writes:
-                        parts.add(commits, index, row)
-                if commits is not None:
+                    batch.indices.append(running.pop(task))
+                    batch.rows.append(task.result())
+                if commits is not None and parts is not None:
+                    mine = [k for k, i in enumerate(batch.indices) if i in writes]
+                    rows = [batch.rows[k] for k in mine]
+                    parts.add(commits, [batch.indices[k] for k in mine], rows)
                     batch.committed, batch.parts, batch.seconds = commits.take()
                     if commits.error is not None:
                         raise commits.error

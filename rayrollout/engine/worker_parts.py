@@ -79,7 +79,10 @@ class WorkerParts:
         # Rows a killed process of this worker wrote before the engine heard of them: a
         # resent episode among them is answered from its part, never played again.
         self.earlier = {} if self.sink.parts_written == 0 else self._earlier_keys(writer)
-        self.rows: list[dict[str, Any]] = []
+        # Rows as Arrow, converted as each batch arrives (as small as the engine's batches
+        # were): a part's worth converted at once held the worker's loop for a second.
+        self.buffer: list[pa.Table] = []
+        self.buffered = 0
         self.owners: list[tuple[ChunkCommits, int]] = []
         self.lock = asyncio.Lock()
         self.timer: asyncio.Task[None] | None = None
@@ -104,12 +107,16 @@ class WorkerParts:
                 return row, str(part)
         return None
 
-    def add(self, owner: ChunkCommits, index: int, row: dict[str, Any]) -> None:
-        """Buffer one row of ``owner``'s episode ``index``; a part is written when due."""
-        self.rows.append(row)
-        self.owners.append((owner, index))
-        owner.waiting += 1
-        if len(self.rows) >= self.target.rows_per_part:
+    def add(self, owner: ChunkCommits, indices: list[int], rows: list[dict[str, Any]]) -> None:
+        """Buffer the rows of ``owner``'s episodes ``indices``; a part is written when due."""
+        if not rows:
+            return
+        batch = pa.RecordBatch.from_struct_array(pa.array(rows, type=_ROW_TYPE))
+        self.buffer.append(pa.Table.from_batches([batch]))
+        self.buffered += len(rows)
+        self.owners += [(owner, index) for index in indices]
+        owner.waiting += len(rows)
+        if self.buffered >= self.target.rows_per_part:
             self._spawn(self._write_due())
         elif self.timer is None:
             self.timer = asyncio.ensure_future(self._write_after(self.target.flush_interval_s))
@@ -122,22 +129,24 @@ class WorkerParts:
     async def flush(self) -> int:
         """Write every buffered row now; returns the rows this writer has written so far."""
         async with self.lock:
-            while self.rows:
-                await self._write(min(len(self.rows), self.target.rows_per_part))
+            while self.buffered:
+                await self._write(min(self.buffered, self.target.rows_per_part))
         return self.rows_written
 
     def abandon(self, owner: ChunkCommits) -> None:
         """Drop ``owner``'s buffered rows (its call ended without them: the engine sends
         those episodes again or ends them itself, so they must never reach a part)."""
-        keep = [k for k, (o, _) in enumerate(self.owners) if o is not owner]
-        if len(keep) < len(self.owners):
-            self.rows = [self.rows[k] for k in keep]
-            self.owners = [self.owners[k] for k in keep]
+        keep = [o is not owner for o, _ in self.owners]
+        if not all(keep):
+            table = pa.concat_tables(self.buffer).filter(pa.array(keep))
+            self.buffer = [table] if table.num_rows else []
+            self.buffered = table.num_rows
+            self.owners = [pair for pair, kept in zip(self.owners, keep, strict=True) if kept]
         owner.waiting = 0
 
     async def _write_due(self) -> None:
         async with self.lock:
-            while len(self.rows) >= self.target.rows_per_part:
+            while self.buffered >= self.target.rows_per_part:
                 await self._write(self.target.rows_per_part)
 
     async def _write_after(self, delay_s: float) -> None:
@@ -148,11 +157,13 @@ class WorkerParts:
     async def _write(self, n: int) -> None:
         """Write the first ``n`` buffered rows as one part (the caller holds ``lock``) and
         tell their calls; on failure, end every call that had rows in it."""
-        rows, owners = self.rows[:n], self.owners[:n]
-        self.rows, self.owners = self.rows[n:], self.owners[n:]
+        table = pa.concat_tables(self.buffer)
+        rows, rest = table.slice(0, n), table.slice(n)
+        self.buffer, self.buffered = ([rest] if rest.num_rows else []), rest.num_rows
+        owners, self.owners = self.owners[:n], self.owners[n:]
         started = time.perf_counter()
         try:
-            path = await asyncio.to_thread(self._write_part, rows)
+            path = await asyncio.to_thread(self.sink.write, rows.combine_chunks())
         except Exception as exc:
             failed = {id(owner): owner for owner, _ in owners}
             for owner in failed.values():
@@ -162,7 +173,7 @@ class WorkerParts:
             return
         seconds = time.perf_counter() - started
         self.seconds_writing += seconds
-        self.rows_written += len(rows)
+        self.rows_written += n
         owners[0][0].seconds += seconds
         told: set[int] = set()
         for owner, index in owners:
@@ -172,7 +183,3 @@ class WorkerParts:
                 told.add(id(owner))
                 owner.parts.append(str(path))
                 owner.changed.set()
-
-    def _write_part(self, rows: list[dict[str, Any]]) -> Path:
-        batch = pa.RecordBatch.from_struct_array(pa.array(rows, type=_ROW_TYPE))
-        return self.sink.write(pa.Table.from_batches([batch]))
