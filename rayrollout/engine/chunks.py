@@ -28,7 +28,7 @@ import pyarrow as pa
 from rayrollout.data.writer import SCHEMA
 
 if TYPE_CHECKING:
-    from rayrollout.engine.worker import Finished
+    from rayrollout.engine.worker_parts import Finished
 
 __all__ = ["ChunkRows", "summarize"]
 

@@ -260,7 +260,10 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
             *(worker.flush.remote() for worker in self.workers), return_exceptions=True
         )
         await self._write([], drain=True)
-        await asyncio.sleep(0)  # the workers' commit notes, already sent, are counted
+        try:  # the workers' notes of what they just wrote travel on their chunk calls
+            await asyncio.wait_for(self.all_committed.wait(), 1.0)
+        except TimeoutError:
+            pass  # episodes still finishing (an interrupted run): counted when they land
         return self.writer.rows_written + self.worker_rows
 
     def progress(self) -> RunSnapshot:

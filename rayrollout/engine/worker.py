@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Collection
-from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -26,7 +25,13 @@ from rayrollout.data.config import RunConfig
 from rayrollout.engine.chunks import ChunkRows
 from rayrollout.engine.episode_frame import EpisodeSpec, failed_trajectory, run_episode
 from rayrollout.engine.feeding import worker_share
-from rayrollout.engine.worker_parts import ChunkCommits, PartsTarget, WorkerParts
+from rayrollout.engine.worker_parts import (
+    ChunkCommits,
+    Finished,
+    PartsTarget,
+    WorkerParts,
+    answered_before,
+)
 from rayrollout.envkit import Environment
 from rayrollout.envkit.nemo_gym.client import NemoGymConnections, RemoteEnvironment
 from rayrollout.envkit.registry import environment_spec
@@ -233,6 +238,16 @@ class WorkerRunner:
         specs: list[EpisodeSpec],
         policy_state: tuple[int, bool] | None = None,
         linger_s: float = _LINGER_S,
+    ) -> AsyncIterator[tuple[list[int], list[dict[str, Any]]]]:
+        """``play`` with every row handed back: ``(indices, rows)`` as episodes finish."""
+        async for batch in self.play(specs, policy_state, linger_s):
+            yield batch.indices, batch.rows
+
+    async def play(
+        self,
+        specs: list[EpisodeSpec],
+        policy_state: tuple[int, bool] | None = None,
+        linger_s: float = _LINGER_S,
         writes: Collection[int] = (),
         parts: WorkerParts | None = None,
     ) -> AsyncIterator[Finished]:
@@ -255,7 +270,7 @@ class WorkerRunner:
         try:
             answered = Finished()
             if commits is not None and parts is not None and parts.earlier:
-                answered = _answered_before(specs, writes, parts)
+                answered = answered_before(specs, writes, parts)
                 if answered.indices:
                     yield answered
             skip = set(answered.indices)
@@ -297,36 +312,6 @@ class WorkerRunner:
                 parts.abandon(commits)
             for task in running:  # the call ended early: nobody takes these rows
                 task.cancel()
-
-
-@dataclass
-class Finished:
-    """One item of a chunk call: episodes that finished (``indices`` into the chunk, and
-    their ``rows``) and episodes whose rows a renamed part now holds (``committed``, in
-    ``parts``, written in ``seconds``)."""
-
-    indices: list[int] = field(default_factory=list)
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    committed: list[int] = field(default_factory=list)
-    parts: list[str] = field(default_factory=list)
-    seconds: float = 0.0  # spent writing those parts
-
-
-def _answered_before(
-    specs: list[EpisodeSpec], writes: Collection[int], parts: WorkerParts
-) -> Finished:
-    """The episodes of ``specs`` a killed process of this worker wrote to a part before the
-    engine heard of it: answered from the part (finished and committed), not played again."""
-    answered = Finished()
-    for index in writes:
-        found = parts.written_before(specs[index].key)
-        if found is not None:
-            row, part = found
-            answered.indices.append(index)
-            answered.rows.append(row)
-            answered.committed.append(index)
-            answered.parts += [part] if part not in answered.parts else []
-    return answered
 
 
 @ray.remote(max_restarts=-1, max_task_retries=0)
@@ -375,8 +360,8 @@ class WorkerActor:
                 if parts is None:
                     parts = await asyncio.to_thread(WorkerParts, target, self.writer)
                     self.parts[target] = parts
-        written = set(writes or ())
-        async for batch in self.runner.stream(specs, policy_state, writes=written, parts=parts):
+        written = set(writes or ()) if parts is not None else set()
+        async for batch in self.runner.play(specs, policy_state, _LINGER_S, written, parts):
             yield ChunkRows.from_finished(batch, written)
 
     async def flush(self) -> int:

@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from rayrollout.data.run_folder import SCHEMA, RunFolder
 from rayrollout.data.writer import make_sink
 
-__all__ = ["ChunkCommits", "PartsTarget", "WorkerParts"]
+if TYPE_CHECKING:
+    from rayrollout.engine.episode_frame import EpisodeSpec
+
+__all__ = ["ChunkCommits", "Finished", "PartsTarget", "WorkerParts", "answered_before"]
 
 _ROW_TYPE = pa.struct(SCHEMA)
 
@@ -183,3 +187,33 @@ class WorkerParts:
                 told.add(id(owner))
                 owner.parts.append(str(path))
                 owner.changed.set()
+
+
+@dataclass
+class Finished:
+    """One item of a chunk call: episodes that finished (``indices`` into the chunk, and
+    their ``rows``) and episodes whose rows a renamed part now holds (``committed``, in
+    ``parts``, written in ``seconds``)."""
+
+    indices: list[int] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    committed: list[int] = field(default_factory=list)
+    parts: list[str] = field(default_factory=list)
+    seconds: float = 0.0  # spent writing those parts
+
+
+def answered_before(
+    specs: list[EpisodeSpec], writes: Collection[int], parts: WorkerParts
+) -> Finished:
+    """The episodes of ``specs`` a killed process of this worker wrote to a part before the
+    engine heard of it: answered from the part (finished and committed), not played again."""
+    answered = Finished()
+    for index in writes:
+        found = parts.written_before(specs[index].key)
+        if found is not None:
+            row, part = found
+            answered.indices.append(index)
+            answered.rows.append(row)
+            answered.committed.append(index)
+            answered.parts += [part] if part not in answered.parts else []
+    return answered
