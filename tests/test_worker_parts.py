@@ -144,3 +144,21 @@ def test_a_new_engine_waits_for_a_write_that_passed_the_fence(tmp_path):
     assert time.monotonic() - started >= 0.4
     resumed.release_lock()
     thread.join()
+
+
+async def test_a_part_that_cannot_be_written_ends_its_calls_and_keeps_none_of_their_rows(
+    tmp_path,
+):
+    parts = WorkerParts(target(tmp_path, os.getpid(), rows_per_part=10), "w0")  # no lock held
+    owner = ChunkCommits()
+    parts.add(owner, [0, 1], [row("a"), row("b")])
+    await parts.flush()
+    assert isinstance(owner.error, WriterError) and "no longer holds" in str(owner.error)
+    assert owner.take()[0] == [] and owner.waiting == 0
+    parts.add(owner, [2], [row("c")])  # finished after the failure: the engine answers it
+    folder = RunFolder(tmp_path)
+    folder.take_lock()
+    try:
+        assert await parts.flush() == 0 and folder.parts() == []
+    finally:
+        folder.release_lock()

@@ -113,7 +113,7 @@ class WorkerParts:
 
     def add(self, owner: ChunkCommits, indices: list[int], rows: list[dict[str, Any]]) -> None:
         """Buffer the rows of ``owner``'s episodes ``indices``; a part is written when due."""
-        if not rows:
+        if not rows or owner.error is not None:  # a failed call's rows are the engine's now
             return
         batch = pa.RecordBatch.from_struct_array(pa.array(rows, type=_ROW_TYPE))
         self.buffer.append(pa.Table.from_batches([batch]))
