@@ -47,8 +47,11 @@ async def test_rows_go_to_whole_parts_by_size_and_age_and_each_call_hears_of_its
     parts.add(second, [1], [row("c")])  # waits for the age limit
     await asyncio.wait_for(first.changed.wait(), 5)
     assert first.take()[:2] == ([0], [str(tmp_path / "part-run-w0.00000.parquet")])
-    await asyncio.sleep(0.5)
-    committed, written, seconds = second.take()
+    committed, written, seconds = [], [], 0.0
+    while len(committed) < 2:  # the second part comes when its row is 0.2 s old
+        await asyncio.wait_for(second.changed.wait(), 30)
+        more = second.take()
+        committed, written, seconds = committed + more[0], written + more[1], seconds + more[2]
     assert committed == [0, 1] and seconds > 0
     assert written == [str(tmp_path / f"part-run-w0.0000{i}.parquet") for i in (0, 1)]
     assert (first.waiting, second.waiting) == (0, 0)
