@@ -204,6 +204,13 @@ TARGETS: tuple[Target, ...] = (
     ),
     Target("chaos", "episodes lost after kills and resumes", "folder.lost", "== 0"),
     Target("chaos", "episodes duplicated after kills and resumes", "folder.duplicated", "== 0"),
+    *(
+        Target(
+            "kill_resume", f"rows {what}, the {who} SIGKILLed mid-run", f"{who}.rows_{what}", "== 0"
+        )
+        for who in ("worker", "engine", "driver")
+        for what in ("lost", "duplicated")
+    ),
     Target(
         "pause_modes",
         "tokens generated and thrown away, interrupt mode (updates mid-generation, vLLM)",

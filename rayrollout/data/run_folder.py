@@ -4,16 +4,21 @@ Every part, journal and rejects file of the folder, named and read here alone.
 
 Every reader and writer of the folder goes through ``RunFolder``, so they agree on what a
 part is and which rows are there, and no path writes a sample twice. A folder holds
-``part-<run>-<n>.parquet`` (or ``.jsonl``) parts, ``.tmp`` parts being written (readers skip
-dot-files), the writer's ``.lock``, ``_rejects.jsonl`` and the service's ``_batches/``
-journals. Parquet parts read under the current schema, old column names under new ones.
+``part-<run>-<n>.parquet`` (or ``.jsonl``) parts, ``part-<run>-<writer>.<n>`` parts each
+worker writes itself, ``.tmp`` parts being written (readers skip dot-files), the engine's
+``.lock``, the workers' commit fence ``.writers``, ``_rejects.jsonl`` and the service's
+``_batches/`` journals. Parquet parts read under the current schema, old column names
+under new ones.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -33,6 +38,7 @@ from rayrollout.errors import OutputError
 __all__ = [
     "FORMATS",
     "LOCK_FILE",
+    "WRITERS_FILE",
     "REJECTS_FILE",
     "LockHolder",
     "SCHEMA",
@@ -44,6 +50,7 @@ __all__ = [
 FORMATS = ("parquet", "jsonl")
 REJECTS_FILE = "_rejects.jsonl"
 LOCK_FILE = ".lock"
+WRITERS_FILE = ".writers"
 SCHEMA = trajectory_arrow_schema()
 # What Parquet parts are scanned with: the current schema plus each older column name, typed
 # as its new column, so an old part's values are there to read under the new name.
@@ -117,8 +124,16 @@ class RunFolder:
 
     @staticmethod
     def run_of(part: Path) -> str:
-        """The run id in a part's name: ``part-<run>-<nnnnn>.<ext>`` -> ``<run>``."""
+        """The run id in a part's name: ``part-<run>-<nnnnn>.<ext>`` or a worker's
+        ``part-<run>-<writer>.<nnnnn>.<ext>`` -> ``<run>``."""
         return part.stem.removeprefix("part-").rsplit("-", 1)[0]
+
+    def writer_parts(self, run_id: str, writer: str) -> list[Path]:
+        """The whole parts one writer (a worker) of run ``run_id`` wrote, in any format."""
+        if not self.path.is_dir():
+            return []
+        prefix = f"part-{run_id}-{writer}."
+        return sorted(p for p in self.parts() if p.name.startswith(prefix))
 
     def parts_of_other_runs(self, run_id: str | None) -> list[Path]:
         """Whole parts that the run ``run_id`` did not write (all of them for None)."""
@@ -167,16 +182,25 @@ class RunFolder:
         except OSError as exc:
             raise WriterError(f"cannot create output folder {self.path}: {exc}") from exc
 
-    def part_path(self, run_id: str, number: int, fmt: str | None = None) -> Path:
-        """The name of a run's ``number``-th part: runs never overwrite each other's parts."""
-        return self.path / f"part-{run_id}-{number:05d}{_suffix(fmt or self.format)}"
+    def part_path(
+        self, run_id: str, number: int, fmt: str | None = None, writer: str | None = None
+    ) -> Path:
+        """The name of a run's ``number``-th part (of ``writer``'s parts, for a worker that
+        writes its own): runs and writers never overwrite each other's parts."""
+        stem = f"{run_id}-{number:05d}" if writer is None else f"{run_id}-{writer}.{number:05d}"
+        return self.path / f"part-{stem}{_suffix(fmt or self.format)}"
 
     def write_part(
-        self, run_id: str, number: int, write: Callable[[Path], None], fmt: str | None = None
+        self,
+        run_id: str,
+        number: int,
+        write: Callable[[Path], None],
+        fmt: str | None = None,
+        writer: str | None = None,
     ) -> Path:
         """Write a part whole or not at all: ``write`` fills a hidden temporary file, which is
         then renamed into place (atomic on one file system); returns the part's path."""
-        final = self.part_path(run_id, number, fmt)
+        final = self.part_path(run_id, number, fmt, writer)
         temporary = final.with_name(f".{final.name}.tmp")
         try:
             write(temporary)
@@ -186,12 +210,78 @@ class RunFolder:
             raise WriterError(f"cannot write {final}: {exc}") from exc
         return final
 
-    def remove_temporaries(self, run_id: str | None = None) -> None:
-        """Delete half-written parts (of one run, or of any: a killed run's, at start).
+    def remove_temporaries(self, run_id: str | None = None, writer: str | None = None) -> None:
+        """Delete half-written parts (of one run, or of any: a killed run's, at start; of one
+        writer of a run: a restarted worker's own).
 
-        They were never renamed, so never read; only the lock holder may call this."""
-        for stale in self.path.glob(f".part-{run_id or '*'}-*.tmp"):
+        They were never renamed, so never read; only the lock holder, or a writer for its
+        own, may call this."""
+        pattern = (
+            f".part-{run_id or '*'}-*.tmp" if writer is None else f".part-{run_id}-{writer}.*.tmp"
+        )
+        for stale in self.path.glob(pattern):
             stale.unlink(missing_ok=True)
+
+    @contextmanager
+    def fenced(self, holder_pid: int) -> Iterator[None]:
+        """Hold the workers' commit fence while writing a part for the engine ``holder_pid``.
+
+        A worker writes its parts only while the engine that sent it the episodes holds the
+        folder's lock: a worker left running by a killed engine (or driver) finds the lock
+        free or held by another process and refuses (``WriterError``), so it never adds a
+        row behind a resumed run's back. The fence (``.writers``, shared by writers, taken
+        whole by ``take_lock``) closes the gap between the check and the rename: a new
+        engine waits for every write that passed the check before it reads the folder.
+        """
+        self.create()
+        with (self.path / WRITERS_FILE).open("a+") as fence:
+            fcntl.flock(fence, fcntl.LOCK_SH)
+            try:
+                holder = self._lock_holder_pid()
+                if holder != holder_pid:
+                    raise WriterError(
+                        f"the engine (pid {holder_pid}) no longer holds {self.path / LOCK_FILE} "
+                        f"({'it is free' if holder is None else f'pid {holder} holds it'}): "
+                        "its rows are not written; run again with --resume"
+                    )
+                yield
+            finally:
+                fcntl.flock(fence, fcntl.LOCK_UN)
+
+    def _lock_holder_pid(self) -> int | None:
+        """The pid noted in the lock file while some process holds the lock; None if free."""
+        try:
+            probe = (self.path / LOCK_FILE).open("r")
+        except FileNotFoundError:
+            return None
+        with probe:
+            try:
+                fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:  # held: by whom, the note says
+                holder = LockHolder.read(self.path / LOCK_FILE)
+                return holder.pid if holder is not None else -1
+            fcntl.flock(probe, fcntl.LOCK_UN)
+            return None
+
+    def _wait_for_writers(self, timeout_s: float) -> None:
+        """Wait until no worker is inside ``fenced`` (a write that passed its check while an
+        earlier engine held the lock may still be renaming its part)."""
+        with (self.path / WRITERS_FILE).open("a+") as fence:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    fcntl.flock(fence, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise WriterError(
+                            f"a worker of an earlier run is still writing to {self.path} after "
+                            f"{timeout_s:g} s ({self.path / WRITERS_FILE}); stop it, or use "
+                            "another --out"
+                        ) from None
+                    time.sleep(0.05)
+                    continue
+                fcntl.flock(fence, fcntl.LOCK_UN)
+                return
 
     def take_lock(self, timeout_s: float = 60.0, unknown_wait_s: float = 10.0) -> None:
         """Become the folder's one writer, or refuse at once while another live run writes.
@@ -212,6 +302,11 @@ class RunFolder:
                 f"{self.path / LOCK_FILE}); wait for it to end or stop it, or use another --out"
             )
         self._lock = lock
+        try:
+            self._wait_for_writers(timeout_s)
+        except WriterError:
+            self.release_lock()
+            raise
 
     def release_lock(self) -> None:
         """Let another run write the folder (closing the file drops the flock)."""

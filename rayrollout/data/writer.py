@@ -26,6 +26,7 @@ __all__ = [
     "SCHEMA",
     "JsonlSink",
     "ParquetSink",
+    "PartSink",
     "PartWriter",
     "Sink",
     "WriterError",
@@ -43,13 +44,20 @@ class Sink(Protocol):
     def failed(self, error: BaseException) -> None: ...
 
 
-class _PartSink:
-    """A sink writing one part file per ``write`` into a ``RunFolder``, holding its lock."""
+class PartSink:
+    """A sink writing one part file per ``write`` into a ``RunFolder``: the engine's, holding
+    the folder's lock, or a worker's (``writer`` names it, ``holder_pid`` is the engine whose
+    lock its parts are written under, see ``RunFolder.fenced``)."""
 
     format = ""
 
     def __init__(
-        self, directory: str | Path | RunFolder, run_id: str, lock_timeout_s: float = 60.0
+        self,
+        directory: str | Path | RunFolder,
+        run_id: str,
+        lock_timeout_s: float = 60.0,
+        writer: str | None = None,
+        holder_pid: int | None = None,
     ) -> None:
         self.folder = (
             directory if isinstance(directory, RunFolder) else RunFolder(directory, self.format)
@@ -57,22 +65,41 @@ class _PartSink:
         self.directory = self.folder.path
         self.run_id = run_id
         self.lock_timeout_s = lock_timeout_s
+        self.writer = writer
+        self.holder_pid = holder_pid
         self.parts_written = 0
 
     def start(self) -> None:
         """Create the folder, become its one writer, and clear half-written parts of runs
-        that were killed (never renamed, so never read)."""
+        that were killed (never renamed, so never read). A worker's sink takes no lock: it
+        clears its own half-written parts (a killed process of the same worker's) and
+        numbers its parts on from those already there."""
         self.folder.create()
+        if self.writer is not None:
+            self.folder.remove_temporaries(self.run_id, self.writer)
+            earlier = self.folder.writer_parts(self.run_id, self.writer)
+            self.parts_written = 1 + max(
+                (int(p.stem.rsplit(".", 1)[1]) for p in earlier), default=-1
+            )
+            return
         self.folder.take_lock(self.lock_timeout_s)
         self.folder.remove_temporaries()
 
     def write(self, table: pa.Table) -> Path:
-        path = self.folder.write_part(
-            self.run_id,
-            self.parts_written,
-            lambda temporary: self._write_file(table, temporary),
-            self.format,
-        )
+        def write_part() -> Path:
+            return self.folder.write_part(
+                self.run_id,
+                self.parts_written,
+                lambda temporary: self._write_file(table, temporary),
+                self.format,
+                self.writer,
+            )
+
+        if self.holder_pid is None:
+            path = write_part()
+        else:
+            with self.folder.fenced(self.holder_pid):
+                path = write_part()
         self.parts_written += 1
         return path
 
@@ -88,14 +115,14 @@ class _PartSink:
         self.folder.release_lock()
 
 
-class ParquetSink(_PartSink):
+class ParquetSink(PartSink):
     format = "parquet"
 
     def _write_file(self, table: pa.Table, path: Path) -> None:
         pq.write_table(table, path, compression="zstd")
 
 
-class JsonlSink(_PartSink):
+class JsonlSink(PartSink):
     format = "jsonl"
 
     def _write_file(self, table: pa.Table, path: Path) -> None:
@@ -113,13 +140,19 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot write {type(value).__name__} to JSONL")
 
 
-def make_sink(directory: str | Path | RunFolder, fmt: str, run_id: str) -> Sink:
+def make_sink(
+    directory: str | Path | RunFolder,
+    fmt: str,
+    run_id: str,
+    writer: str | None = None,
+    holder_pid: int | None = None,
+) -> PartSink:
     """The sink for an output format name, writing into ``directory`` (a path or the
-    engine's ``RunFolder``)."""
-    sinks: dict[str, type[_PartSink]] = {"parquet": ParquetSink, "jsonl": JsonlSink}
+    engine's ``RunFolder``); ``writer`` and ``holder_pid`` make a worker's (``PartSink``)."""
+    sinks: dict[str, type[PartSink]] = {"parquet": ParquetSink, "jsonl": JsonlSink}
     if fmt not in sinks:
         raise WriterError(f"unknown output format {fmt!r}; use one of {', '.join(FORMATS)}")
-    return sinks[fmt](directory, run_id)
+    return sinks[fmt](directory, run_id, writer=writer, holder_pid=holder_pid)
 
 
 class WriterFigures(Figures):

@@ -1,16 +1,19 @@
-"""The engine actor: the collect pipeline from queued episodes to part files.
+"""The engine actor; one job: the control of the collect pipeline, from queue to committed rows.
 
 Named ``engine`` in the run's namespace, so drivers and training loops find it with
 ``ray.get_actor("engine", namespace=NS)``. Work arrives through ``submit`` (which waits while
 the queue is full: backpressure, not timeouts); a feeder takes chunks off the queue while
 each worker holds fewer than its share of ``concurrency`` plus its part of the ``reserve``,
-and sends each to the worker with the most room in one Ray call. The worker streams a
-chunk's rows back as its episodes finish (a Ray streaming generator), so a slow episode
-never holds its chunk's finished slots; each batch goes to the writer as it arrives. If the
-worker dies, only the episodes it had not yet handed back are sent again, so no row is
-written twice. Nothing is kept per task beyond the episodes in flight (their specs, and a
-``generate`` call's waiter) and ``next_sample``'s digests, so a run's memory does not grow
-with its task set.
+and sends each to the worker with the most room in one Ray call. The worker writes the rows
+of a ``collect`` to its own parts (``worker_parts``) and streams back, as its episodes
+finish (a Ray streaming generator), which finished and later which a renamed part holds:
+rows never pass through this actor, which keeps the queue, the counts and the slots. Rows a
+caller waits on (``generate``, the service's stream) come back as Arrow and are written
+here when asked. If the worker dies, the episodes whose rows are in no part yet are sent
+again (a restarted worker answers those a part of its killed process holds from that part),
+so no row is written twice. Nothing is kept per task beyond the episodes in flight (their
+specs, and a ``generate`` call's waiter) and ``next_sample``'s digests, so a run's memory
+does not grow with its task set.
 
 The actor's other two jobs have their own modules: the training-loop methods (``generate``,
 ``pause``, ``resume``, ``update_weights``, ``stats``) in ``training``, and putting
@@ -22,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import time
 from typing import Any
 
@@ -48,6 +52,7 @@ from rayrollout.engine.streaming import StreamingAPI
 from rayrollout.engine.training import TrainingLoopAPI
 from rayrollout.engine.weights import WeightSync
 from rayrollout.engine.worker import WorkerActor, worker_name, worker_share
+from rayrollout.engine.worker_parts import PartsTarget
 from rayrollout.gc_tuning import tune_gc
 
 __all__ = ["ENGINE_NAME", "EngineActor", "start_workers"]
@@ -129,7 +134,24 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         self.completed = 0
         self.all_done = asyncio.Event()
         self.all_done.set()
+        # Rows of finished episodes that a worker holds and no part yet: finish() waits
+        # for them after all_done.
+        self.uncommitted = 0
+        self.all_committed = asyncio.Event()
+        self.all_committed.set()
+        self.worker_rows = 0  # rows the workers' renamed parts hold
+        self.worker_seconds = 0.0  # the workers' time writing them
+        self.part_paths: dict[str, None] = {}  # every part of this run, in commit order
         self.batch_first_part = 0
+        self.target = PartsTarget(
+            str(self.folder.path),
+            out.format,
+            run_id,
+            os.getpid(),  # the folder lock's holder: workers write under it (fenced)
+            out.rows_per_part,
+            out.flush_interval_s,
+            ray.get_runtime_context().get_node_id(),
+        )
         # The key the policy's routes take (the run's token for a policy it deployed).
         key = policy_key.get_secret_value() if policy_key is not None else None
         self.weights = WeightSync(config, policy_url, self.workers, key)
@@ -166,7 +188,7 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
     def begin(self) -> None:
         """Start a new batch of work (a ``collect``): fresh figures, parts counted from here."""
         self.run_stats = RunStats()
-        self.batch_first_part = len(self.writer.paths)
+        self.batch_first_part = len(self.part_paths)
 
     async def submit(self, specs: list[EpisodeSpec]) -> None:
         """Queue episodes; waits while the queue is full.
@@ -202,12 +224,25 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         The engine stays up for the next batch; ``close`` releases the output folder.
         """
         await self.all_done.wait()
+        await self._commit_workers()
         await self._write([], drain=True)
         if self.failure is not None:
             raise self.failure
         snapshot = self.progress()
-        snapshot.parts = [str(p) for p in self.writer.paths[self.batch_first_part :]]
+        snapshot.parts = list(self.part_paths)[self.batch_first_part :]
         return snapshot
+
+    async def _commit_workers(self) -> None:
+        """Have the workers write what they buffer, until a part holds every finished row
+        (a worker that died meanwhile plays its episodes again: they are flushed too)."""
+        while not self.all_committed.is_set():
+            await asyncio.gather(
+                *(worker.flush.remote() for worker in self.workers), return_exceptions=True
+            )
+            try:
+                await asyncio.wait_for(self.all_committed.wait(), 0.5)
+            except TimeoutError:
+                pass
 
     async def close(self) -> None:
         """Stop the feeder and the worker calls; complete the output (releases the lock)."""
@@ -221,8 +256,15 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
 
     async def flush(self) -> int:
         """Write every buffered row now (an interrupted driver calls this); returns rows written."""
+        await asyncio.gather(
+            *(worker.flush.remote() for worker in self.workers), return_exceptions=True
+        )
         await self._write([], drain=True)
-        return self.writer.rows_written
+        try:  # the workers' notes of what they just wrote travel on their chunk calls
+            await asyncio.wait_for(self.all_committed.wait(), 1.0)
+        except TimeoutError:
+            pass  # episodes still finishing (an interrupted run): counted when they land
+        return self.writer.rows_written + self.worker_rows
 
     def progress(self) -> RunSnapshot:
         """The current batch's figures so far (what the driver's progress display shows)."""
@@ -230,10 +272,15 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
 
     def _output_figures(self) -> dict[str, Any]:
         """Queue and writer figures, shared by ``progress`` and ``stats``."""
+        figures = self.writer.figures()
+        figures.parts = len(self.part_paths)
+        figures.rows += self.worker_rows
+        figures.seconds += self.worker_seconds
+        figures.buffered_rows += self.uncommitted
         return {
             "queued": self.queue.qsize(),
-            "rows_written": self.writer.rows_written,
-            "writer": self.writer.figures(),
+            "rows_written": self.writer.rows_written + self.worker_rows,
+            "writer": figures,
         }
 
     async def _run_specs(self, specs: list[EpisodeSpec], write: bool) -> list[dict[str, Any]]:
@@ -249,10 +296,12 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
                 self.waiters.pop(id(spec), None)
 
     def _deliver(self, specs: list[EpisodeSpec], result: ChunkRows) -> pa.Table:
-        """Give generate() callers their rows (``specs`` in the order of ``result``'s rows);
-        returns the rows to write."""
+        """Give generate() callers their rows (``specs`` in the order of ``result``'s rows:
+        those the worker did not write); returns the rows to write."""
         waiters = [self.waiters.pop(id(spec), None) for spec in specs]
         table = result.table()
+        if not specs:
+            return table
         if not any(waiters):  # collect(): the table goes to the writer as it came
             return table
         keep = []
@@ -298,26 +347,42 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
             await self.room.wait()
 
     async def _run_chunk(self, index: int, chunk: list[EpisodeSpec]) -> None:
-        """One streaming worker call. A dead or restarting worker gets the episodes it had not
-        handed back again, as often as it takes Ray to bring it back, up to
-        ``workers.restart_deadline_s`` (minutes: a loaded machine restarts an actor slowly);
-        only past that do they end as error rows."""
+        """One streaming worker call. The worker writes the rows of the episodes no caller
+        waits on; the others' rows come back. A dead or restarting worker gets the episodes
+        whose rows are in no part again (those it had finished are not counted twice), as
+        often as it takes Ray to bring it back, up to ``workers.restart_deadline_s``
+        (minutes: a loaded machine restarts an actor slowly); only past that do they end as
+        error rows, written here."""
         worker, pending, error = self.workers[index], list(chunk), ""
+        # Decided once, before the first send: the worker writes these episodes' rows.
+        written = {id(spec) for spec in chunk if id(spec) not in self.waiters}
+        counted: set[int] = set()  # finished, figures counted (their rows may be uncommitted)
+        holding: set[int] = set()  # counted, sent again: they hold slots again until finished
         deadline = time.monotonic() + self.config.workers.restart_deadline_s
         for attempt in itertools.count():
             sent = pending
+            holding = {id(spec) for spec in sent if id(spec) in counted}
+            self.load[index] += len(holding)
+            writes = [i for i, spec in enumerate(sent) if id(spec) in written]
             try:
-                async for ref in worker.run.remote(sent, self.weights.state()):
+                async for ref in worker.run.remote(sent, self.weights.state(), self.target, writes):
                     result: ChunkRows = await ref
                     finished = [sent[i] for i in result.indices]
-                    done = {id(spec) for spec in finished}
+                    back = {id(sent[i]) for i in result.returned}  # rows that came back
+                    if finished:
+                        holding.difference_update(id(spec) for spec in finished)
+                        await self._finish(index, finished, result, back, counted)
+                    if result.committed:
+                        self._committed(result, sent, counted)
+                    done = back | {id(sent[i]) for i in result.committed}
                     pending = [spec for spec in pending if id(spec) not in done]
-                    await self._finish(index, finished, result)
                 if not pending:
                     return
                 error = f"worker ended its call with {len(pending)} episodes unanswered"
                 break
             except (RayActorError, ActorUnavailableError) as exc:
+                self.load[index] -= len(holding)  # held again by the next send, if any
+                holding = set()
                 pause = _RESEND_BACKOFF_S[min(attempt, len(_RESEND_BACKOFF_S) - 1)]
                 if time.monotonic() + pause > deadline:
                     error = (
@@ -332,22 +397,59 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
                 error = f"worker failed: {type(exc).__name__}: {exc}"
                 break
         rows = [failed_trajectory(spec, "", error).to_row() for spec in pending]
-        await self._finish(index, pending, ChunkRows.from_rows(rows, list(range(len(rows)))))
+        result = ChunkRows.from_rows(rows, list(range(len(rows))))
+        # Already counted: their figures stand; the error row replaces the row that was lost.
+        again = [spec for spec in pending if id(spec) in counted]
+        self.load[index] += len(again) - len(holding)
+        self._uncommitted(-len(again))
+        await self._finish(index, pending, result, {id(spec) for spec in pending}, counted)
 
-    async def _finish(self, index: int, specs: list[EpisodeSpec], result: ChunkRows) -> None:
-        """Free the slots of finished episodes; count, deliver and write their rows."""
+    def _committed(self, result: ChunkRows, sent: list[EpisodeSpec], counted: set[int]) -> None:
+        """A worker's parts now hold these episodes' rows: count them and their parts."""
+        self._uncommitted(-sum(1 for i in result.committed if id(sent[i]) in counted))
+        self.worker_rows += len(result.committed)
+        self.worker_seconds += result.write_seconds
+        for part in result.parts:
+            self.part_paths.setdefault(part)
+
+    def _uncommitted(self, change: int) -> None:
+        self.uncommitted += change
+        if self.uncommitted:
+            self.all_committed.clear()
+        else:
+            self.all_committed.set()
+
+    async def _finish(
+        self,
+        index: int,
+        specs: list[EpisodeSpec],
+        result: ChunkRows,
+        back: set[int],
+        counted: set[int],
+    ) -> None:
+        """Free the slots of finished episodes; count them (once: an episode played again
+        after its worker died is not counted twice), deliver and write the rows that came
+        back (``back``: those episodes; the worker writes the others' rows)."""
         self.load[index] -= len(specs)
-        self.run_stats.in_flight -= len(specs)
         self.room.set()
-        self.refill.observe(result.summaries, time.time())
-        self.run_stats.add(result.summaries)
-        self.metrics.on_rows(result.summaries, self.run_stats.in_flight, self.writer.buffered_rows)
+        fresh = [k for k, spec in enumerate(specs) if id(spec) not in counted]
+        counted.update(id(specs[k]) for k in fresh)
+        summaries = result.summaries
+        if len(fresh) < len(specs):
+            summaries = [summaries[k] for k in fresh]
+        self._uncommitted(sum(1 for k in fresh if id(specs[k]) not in back))
+        self.run_stats.in_flight -= len(fresh)
+        self.refill.observe(summaries, time.time())
+        self.run_stats.add(summaries)
+        buffered = self.writer.buffered_rows + self.uncommitted
+        self.metrics.on_rows(summaries, self.run_stats.in_flight, buffered)
         try:
-            await self._write(self._deliver(specs, result))
+            returned = [spec for spec in specs if id(spec) in back]
+            await self._write(self._deliver(returned, result))
         except Exception:
             pass  # self.failure holds it; finish() raises it to the driver
         finally:
-            self.completed += len(specs)
+            self.completed += len(fresh)
             if self.completed == self.submitted:
                 self.all_done.set()
 
@@ -356,10 +458,11 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
             due = self.writer.add(rows) + (self.writer.drain() if drain else [])
             for table in due:
                 try:
-                    await asyncio.to_thread(self.writer.write, table)
+                    path = await asyncio.to_thread(self.writer.write, table)
                 except Exception as exc:
                     self.failure = exc
                     raise
+                self.part_paths.setdefault(str(path))
 
     async def _flush_periodically(self) -> None:
         while True:
