@@ -4,7 +4,7 @@ The policy client against a server that answers in vLLM's shapes over real HTTP:
 constrained generation (forced tokens read 0.0) and the rescoring prefill's
 ``prompt_logprobs``. Then the row: Parquet and JSONL keep both fields, a part written before
 they existed reads them as empty, and ``rayrollout show`` prints them. Real vLLM on a real
-model: tests/vllm/test_model_logprobs.py.
+model: tests/vllm/test_model_logprobs_vllm.py.
 """
 
 from __future__ import annotations
