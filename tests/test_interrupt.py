@@ -331,6 +331,7 @@ async def test_a_constrained_call_cannot_resume_its_constraint_and_is_made_again
     gate = PolicyGate()
     client = token_client(url, gate, max_tokens=60)
     client.config.tool_choice = "required"
+    client.config.model_logprobs = "off"  # this fake server has no prompt_logprobs
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     task = asyncio.create_task(client.complete([Message(role="user", content="x")], tools=tools))
     await asyncio.sleep(0.1)

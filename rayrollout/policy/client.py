@@ -252,7 +252,8 @@ class PolicyClient:
                 reply = (*await self._responses(call), None)
             else:
                 reply = (*await self._chat(call), None)
-            await self._model_logprobs(call, reply[1])
+            if reply[1].finish_reason != "abort":  # a stopped call is scored once it ends
+                await self._model_logprobs(call, reply[1])
             return reply
         except TemplateError as exc:
             raise PolicyError(str(exc)) from exc
