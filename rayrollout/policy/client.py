@@ -56,6 +56,9 @@ if TYPE_CHECKING:  # the gate imports this module's errors and reply
 
 __all__ = ["PolicyClient", "PolicyError", "PolicyReply", "PolicyTimeout", "chat_reply"]
 
+ABORTED = "abort"
+"""The finish reason of a call the server stopped with its tokens kept (vLLM's)."""
+
 
 class PolicyError(PolicyBoundaryError, RuntimeError):
     """The policy server failed (after retries) or answered something unusable."""
@@ -252,7 +255,7 @@ class PolicyClient:
                 reply = (*await self._responses(call), None)
             else:
                 reply = (*await self._chat(call), None)
-            if reply[1].finish_reason != "abort":  # a stopped call is scored once it ends
+            if reply[1].finish_reason != ABORTED:  # a stopped call is scored once it ends
                 await self._model_logprobs(call, reply[1])
             return reply
         except TemplateError as exc:
@@ -568,7 +571,7 @@ def chat_reply(body: dict[str, Any], base_url: str) -> tuple[Message, Turn]:
 def _finish(reason: str | None, calls: list[ToolCall]) -> str | None:
     """The turn's finish reason: 'tool_calls' when the text holds calls, except for a call
     the server stopped ('abort'), which the gate continues."""
-    return "tool_calls" if calls and reason != "abort" else reason
+    return "tool_calls" if calls and reason != ABORTED else reason
 
 
 def _brief(text: str, limit: int = 300) -> str:

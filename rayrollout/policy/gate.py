@@ -29,14 +29,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from rayrollout.data.schema import Turn
-from rayrollout.policy.client import PolicyError, PolicyReply
+from rayrollout.policy.client import ABORTED, PolicyError, PolicyReply
 
 __all__ = ["PauseMode", "PolicyGate", "StaleEpisode"]
 
 PauseMode = Literal["wait", "abort_and_retry", "continue", "interrupt"]
 PAUSE_MODES: tuple[str, ...] = ("wait", "abort_and_retry", "continue", "interrupt")
-ABORTED = "abort"
-"""The finish reason of a call the server stopped with its tokens kept (vLLM's)."""
 MAX_STOPS = 1000  # a server that stops one call more often than this is stuck
 
 
