@@ -39,10 +39,12 @@ def echo_tasks(n, prefix="say"):
 def test_failing_tool_and_timed_out_policy_end_as_trajectories_and_spare_the_rest(
     tmp_path, serve_session
 ):
-    cfg = config(tmp_path, serve_session, policy={"timeout_s": 1.0, "max_retries": 0})
+    # The slow call outlasts the timeout by far, and the timeout leaves every other call room
+    # on a machine whose load is in the tens: each status follows from the task, not the load.
+    cfg = config(tmp_path, serve_session, policy={"timeout_s": 15.0, "max_retries": 0})
     tasks = echo_tasks(6) + [
         {"task_id": "crash", "prompt": "break it", "environment": "faulty"},
-        {"task_id": "slow", "prompt": "take your time [[sleep=3]]", "environment": "echo"},
+        {"task_id": "slow", "prompt": "take your time [[sleep=60]]", "environment": "echo"},
     ]
     with RolloutEngine(cfg) as engine:
         result = engine.collect(tasks)
