@@ -147,8 +147,9 @@ def error_classes() -> list[type[BaseException]]:
 
     import rayrollout
     from rayrollout.errors import RayrolloutError
+    from rayrollout.plugins import BUILT_IN_PACKAGES
 
-    plugins = ("rayrollout.environments", "rayrollout.deployments", "rayrollout.agents")
+    plugins = tuple(f"rayrollout.{name}" for name in BUILT_IN_PACKAGES)
     for info in pkgutil.walk_packages(rayrollout.__path__, "rayrollout."):
         if info.name.endswith("__main__") or info.name.startswith(plugins):
             continue  # the built-in plugins raise the core's errors, they add none of theirs
