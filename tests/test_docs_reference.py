@@ -198,6 +198,6 @@ def test_every_error_class_is_on_the_errors_page():
 def test_the_errors_check_names_a_class_missing_from_the_page():
     page = (REFERENCE / "errors.md").read_text()
     without_row = "\n".join(line for line in page.splitlines() if "| `PartError` |" not in line)
-    assert missing_errors(without_row, error_classes()) == ["rayrollout.data.run_folder.PartError"]
+    assert missing_errors(without_row, error_classes()) == ["rayrollout.data.errors.PartError"]
     undrawn = "\n".join(line for line in page.splitlines() if "─ PartError " not in line)
-    assert missing_errors(undrawn, error_classes()) == ["rayrollout.data.run_folder.PartError"]
+    assert missing_errors(undrawn, error_classes()) == ["rayrollout.data.errors.PartError"]
