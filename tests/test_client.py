@@ -14,6 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from rayrollout import figures
 from rayrollout.client import (
     BadRequestError,
     BatchConflictError,
@@ -29,7 +30,6 @@ from rayrollout.client import models as wire
 from rayrollout.client.models import Turn as WireTurn
 from rayrollout.client.transport import raise_for_status
 from rayrollout.data.schema import Message, Trajectory, Turn
-from rayrollout.engine import run_figures
 from rayrollout.errors import ClusterError, InputError, RayrolloutError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,8 +113,8 @@ def stats_answer() -> dict:
 
 
 def test_the_clients_stats_model_is_the_engines_and_reads_a_newer_services_answer():
-    assert wire.EngineStats is run_figures.EngineStats
-    assert wire.PolicyState is run_figures.PolicyState
+    assert wire.EngineStats is figures.EngineStats
+    assert wire.PolicyState is figures.PolicyState
     stats = wire.EngineStats.from_answer(stats_answer())
     assert stats.policy.version == 3 and stats.policy.paused and stats["by_env"]["echo"].p95_s
     # A newer service's extra figures, at any depth, are left out rather than refused.

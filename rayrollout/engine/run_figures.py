@@ -12,24 +12,9 @@ from __future__ import annotations
 from pydantic import Field
 
 from rayrollout.engine.stats import EnvStats
-from rayrollout.figures import (
-    EngineStats,
-    EnvSummary,
-    Figures,
-    PolicyCalls,
-    PolicyState,
-    WriterFigures,
-)
+from rayrollout.figures import Figures, WriterFigures
 
-__all__ = [
-    "EngineStats",
-    "EnvSummary",
-    "Figures",
-    "PolicyCalls",
-    "PolicyState",
-    "RunSnapshot",
-    "WriterFigures",
-]
+__all__ = ["RunSnapshot"]
 
 
 class RunSnapshot(Figures):
