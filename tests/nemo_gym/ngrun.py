@@ -193,6 +193,36 @@ class NemoGymRun:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def collect_rollouts(
+        self, agent: str, tasks: Path, output: Path
+    ) -> subprocess.CompletedProcess[str]:
+        """NeMo Gym's own ``ng_collect_rollouts`` of ``tasks`` through ``agent``, into ``output``;
+        past 10 minutes it fails the test with ng_run's log."""
+        try:
+            return self._collect_rollouts(agent, tasks, output)
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(
+                f"ng_collect_rollouts hung; ng_run's log:\n{self.log()[-5000:]}"
+            ) from exc
+
+    def _collect_rollouts(
+        self, agent: str, tasks: Path, output: Path
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                str(NG_VENV / "bin" / "ng_collect_rollouts"),
+                f"+agent_name={agent}",
+                f"+input_jsonl_fpath={tasks}",
+                f"+output_jsonl_fpath={output}",
+                f"+head_server={{host: 127.0.0.1, port: {self.head_port}}}",
+            ],
+            cwd=self.workdir,
+            env=self.environment(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
     def server_pid(self, process_name: str) -> int:
         """The PID ng_run printed for the server under top-level key ``process_name``."""
         pattern = rf"'pid': (\d+),\s*'port': \d+,\s*'process_name': '{process_name}'"
