@@ -61,11 +61,18 @@ def resources_server_block(name: str, port: int) -> dict[str, Any]:
 
 def front_model_block(front_port: int) -> dict[str, Any]:
     """A ``policy_model`` block: NeMo Gym's ``openai_model`` model server pointed at
-    rayrollout's gateway front on 127.0.0.1:``front_port``."""
+    rayrollout's gateway front on 127.0.0.1:``front_port`` (which reads each episode's key
+    from the metadata, so the block's key is unused)."""
+    return policy_model_block(f"http://127.0.0.1:{front_port}/v1", "unused")
+
+
+def policy_model_block(base_url: str, api_key: str = "not-needed") -> dict[str, Any]:
+    """A ``policy_model`` block: NeMo Gym's ``openai_model`` model server pointed at the
+    OpenAI-compatible ``base_url`` (the scripted policy's), sending ``api_key``."""
     model = {
         "entrypoint": "app.py",
-        "openai_base_url": f"http://127.0.0.1:{front_port}/v1",
-        "openai_api_key": "unused",  # the front reads each episode's key from the metadata
+        "openai_base_url": base_url,
+        "openai_api_key": api_key,
         "openai_model": "scripted",
         "openai_default_headers": {},
     }

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
-from ngrun import NemoGymRun, free_port
+from ngrun import NemoGymRun, free_port, policy_model_block
 from served_policy import scripted_policy_on_serve
 from typer.testing import CliRunner
 
@@ -79,20 +79,7 @@ def _config(environment: str, policy: str, port: int) -> dict:
     )
     assert printed.exit_code == 0, printed.output
     assert f"NEMO_GYM_EXTRA_ROOTS={nemo_gym_root()}" in printed.output.splitlines()[0]
-    model = {
-        "policy_model": {
-            "responses_api_models": {
-                "openai_model": {
-                    "entrypoint": "app.py",
-                    "openai_base_url": policy,
-                    "openai_api_key": "not-needed",
-                    "openai_model": "scripted",
-                    "openai_default_headers": {},
-                }
-            }
-        }
-    }
-    return {**model, **yaml.safe_load(printed.output)}
+    return {**policy_model_block(policy), **yaml.safe_load(printed.output)}
 
 
 def _wait_until_deployed(url: str, timeout_s: float = 300.0) -> None:

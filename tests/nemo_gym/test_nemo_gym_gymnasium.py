@@ -26,7 +26,7 @@ import pandas as pd
 import pytest
 import yaml
 from cli_run import collect_tasks
-from ngrun import NemoGymRun, free_port, resources_server_block
+from ngrun import NemoGymRun, free_port, policy_model_block, resources_server_block
 from served_policy import scripted_policy_on_serve
 
 HIT, STAND = "<action>hit</action>", "<action>stand</action>"
@@ -187,17 +187,7 @@ def test_the_same_rows_and_replies_score_as_nemo_gyms_own_gymnasium_agent(
     for name, block in agent_config.items():
         if name != MULTI_TURN:  # its gymnasium_agent and that agent's environment server
             blocks[name] = block
-    blocks["policy_model"] = {
-        "responses_api_models": {
-            "openai_model": {
-                "entrypoint": "app.py",
-                "openai_base_url": policy_url,
-                "openai_api_key": "not-needed",
-                "openai_model": "scripted",
-                "openai_default_headers": {},
-            }
-        }
-    }
+    blocks.update(policy_model_block(policy_url))
     run = NemoGymRun(blocks, tmp_path)
     output = tmp_path / "rollouts.jsonl"
     try:

@@ -33,7 +33,7 @@ import pytest
 import requests
 import yaml
 from cli_run import collect_tasks
-from ngrun import NemoGymRun, free_port, resources_server_block
+from ngrun import NemoGymRun, free_port, policy_model_block, resources_server_block
 from served_policy import scripted_policy_on_serve
 
 from rayrollout.data.tasks import UNSUPPORTED
@@ -93,17 +93,7 @@ def _blocks(ng_src: Path, port: int, policy_url: str) -> dict:
     settings["datasets"] = [d for d in settings["datasets"] if d["name"] == "example"]
     blocks["toolsandbox_agent"] = agent["toolsandbox_agent"]
     blocks["toolsandbox_agent_environment_server"] = config["toolsandbox_agent_environment_server"]
-    blocks["policy_model"] = {
-        "responses_api_models": {
-            "openai_model": {
-                "entrypoint": "app.py",
-                "openai_base_url": policy_url,
-                "openai_api_key": "not-needed",
-                "openai_model": "scripted",
-                "openai_default_headers": {},
-            }
-        }
-    }
+    blocks.update(policy_model_block(policy_url))
     return blocks
 
 
