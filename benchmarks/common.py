@@ -298,6 +298,24 @@ def start_ray() -> None:
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
 
 
+def start_ray_with_metrics() -> int:
+    """A local Ray (4 CPUs) exporting its metrics, refreshed each second, on a free port: the
+    port, where the benchmarks read vLLM's counters."""
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")  # counters arrive sooner
+    metrics_port = free_port()
+    ray.init(
+        address="local",
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        _metrics_export_port=metrics_port,
+    )
+    return metrics_port
+
+
 def stop_ray() -> None:
     import ray
     from ray import serve

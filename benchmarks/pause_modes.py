@@ -35,7 +35,7 @@ import yaml
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import emit, free_port, keep_stdout_for_json, stop_ray  # noqa: E402
+from common import emit, free_port, keep_stdout_for_json, start_ray_with_metrics, stop_ray  # noqa: E402
 from result_files import run_benchmark  # noqa: E402
 from vllm_counters import scrape_counters, wait_for_counters  # noqa: E402
 
@@ -156,16 +156,7 @@ def main() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
     )
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")  # counters arrive sooner
-    metrics_port = free_port()
-    ray.init(
-        address="local",
-        num_cpus=4,
-        include_dashboard=False,
-        log_to_driver=False,
-        _metrics_export_port=metrics_port,
-    )
+    metrics_port = start_ray_with_metrics()
     results: dict[str, Any] = {}
     try:
         with tempfile.TemporaryDirectory() as name:

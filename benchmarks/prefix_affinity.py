@@ -61,7 +61,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import emit, free_port, keep_stdout_for_json  # noqa: E402
+from common import emit, free_port, keep_stdout_for_json, start_ray_with_metrics  # noqa: E402
 from result_files import run_benchmark  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -434,18 +434,10 @@ def main() -> None:
     from rayrollout.auth import new_token
     from rayrollout.deployments.vllm.app import load_vllm_config, resolve_model_source
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")  # counters arrive sooner
     token = new_token()
     os.environ[_KEY_ENV] = token
-    metrics_port, serve_port = free_port(), free_port()
-    ray.init(
-        address="local",
-        num_cpus=4,
-        include_dashboard=False,
-        log_to_driver=False,
-        _metrics_export_port=metrics_port,
-    )
+    serve_port = free_port()
+    metrics_port = start_ray_with_metrics()
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": serve_port})
         model_path = resolve_model_source(load_vllm_config(args.policy_config))

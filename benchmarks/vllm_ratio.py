@@ -63,7 +63,7 @@ import yaml
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import emit, free_port, keep_stdout_for_json, stop_ray  # noqa: E402
+from common import emit, free_port, keep_stdout_for_json, start_ray_with_metrics, stop_ray  # noqa: E402
 from result_files import run_benchmark  # noqa: E402
 from vllm_counters import (  # noqa: E402
     counter_delta,
@@ -467,7 +467,6 @@ def main() -> None:
     if args.smoke:
         args.episodes, args.concurrency, args.max_tokens, args.rounds = 16, 8, 16, 2
 
-    import ray
     from ray import serve
 
     from rayrollout import RunConfig
@@ -475,16 +474,8 @@ def main() -> None:
     from rayrollout.engine.startup import deploy_policy
 
     token = new_token()
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")  # counters arrive sooner
-    metrics_port, port = free_port(), free_port()
-    ray.init(
-        address="local",
-        num_cpus=4,
-        include_dashboard=False,
-        log_to_driver=False,
-        _metrics_export_port=metrics_port,
-    )
+    port = free_port()
+    metrics_port = start_ray_with_metrics()
     try:
         with tempfile.TemporaryDirectory() as folder:
             began = time.perf_counter()

@@ -438,8 +438,9 @@ def import_every_module() -> None:
     import pkgutil
 
     import rayrollout
+    from rayrollout.plugins import BUILT_IN_PACKAGES
 
-    plugins = ("rayrollout.environments", "rayrollout.deployments", "rayrollout.agents")
+    plugins = tuple(f"rayrollout.{name}" for name in BUILT_IN_PACKAGES)
     for info in pkgutil.walk_packages(rayrollout.__path__, "rayrollout."):
         if info.name.endswith("__main__") or info.name.startswith(plugins):
             continue  # plugins are not the core's tree (and bring optional packages)

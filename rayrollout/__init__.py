@@ -45,11 +45,20 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rayrollout.agentkit import Agent, AgentEpisode, EpisodeEnd, OutOfTurns
-    from rayrollout.agentkit.gateway_front import FrontPortTaken
-    from rayrollout.agentkit.openai_shapes import BadRequest
-    from rayrollout.agentkit.registry import AgentArgsError, UnknownAgentError
-    from rayrollout.api.cluster import NotUpError
+    from rayrollout.agentkit.errors import (
+        AgentArgsError,
+        BadRequest,
+        FrontPortTaken,
+        UnknownAgentError,
+    )
     from rayrollout.api.collect import InvalidTasksError, OutputNotEmptyError
+    from rayrollout.api.errors import (
+        CursorGoneError,
+        EngineDiedError,
+        EngineExistsError,
+        NotUpError,
+        OpenJournalsError,
+    )
     from rayrollout.api.preflight import (
         EnvironmentCheckError,
         EnvironmentUnavailableError,
@@ -59,15 +68,7 @@ if TYPE_CHECKING:
         PreflightError,
         TasksFileError,
     )
-    from rayrollout.api.rollout_engine import (
-        CollectResult,
-        EngineDiedError,
-        EngineExistsError,
-        RolloutEngine,
-        read_trajectories,
-    )
-    from rayrollout.api.service.batches import CursorGoneError
-    from rayrollout.api.service.journal import OpenJournalsError
+    from rayrollout.api.rollout_engine import CollectResult, RolloutEngine, read_trajectories
     from rayrollout.client.errors import (
         BadRequestError,
         BatchConflictError,
@@ -77,33 +78,35 @@ if TYPE_CHECKING:
         ServiceError,
         UnauthorizedError,
     )
-    from rayrollout.data.config import ConfigError, RunConfig, load_config
-    from rayrollout.data.episode_table import EmptyRunError
-    from rayrollout.data.export.base import ExportError
-    from rayrollout.data.export.writing import LateImages
-    from rayrollout.data.images import ImageError
-    from rayrollout.data.run_folder import PartError, WriterError
-    from rayrollout.data.schema import Message, Task, Trajectory, trajectory_arrow_schema
-    from rayrollout.data.task_shard_head import HeadReadError
-    from rayrollout.data.task_shards import ShardReadError
-    from rayrollout.data.tasks import InvalidTaskError, RowRefused, read_tasks
-    from rayrollout.engine.local_head import LocalHeadError
-    from rayrollout.engine.startup import PolicyEndpointError
-    from rayrollout.engine.weights import WeightsPathError
-    from rayrollout.envkit import (
-        Environment,
-        Episode,
-        ToolError,
-        ToolResult,
-        Verification,
-        tool,
+    from rayrollout.data.config import RunConfig, load_config
+    from rayrollout.data.errors import (
+        ConfigError,
+        EmptyRunError,
+        ExportError,
+        HeadReadError,
+        ImageError,
+        LateImages,
+        PartError,
+        ShardReadError,
+        WriterError,
     )
-    from rayrollout.envkit.nemo_gym.client import NemoGymError
-    from rayrollout.envkit.nemo_gym.routes import EnvironmentRoutingError
-    from rayrollout.envkit.openenv.channel import ActionRejected, OpenEnvError
-    from rayrollout.envkit.registry import (
+    from rayrollout.data.schema import Message, Task, Trajectory, trajectory_arrow_schema
+    from rayrollout.data.tasks import InvalidTaskError, RowRefused, read_tasks
+    from rayrollout.engine.errors import LocalHeadError, WeightsPathError
+    from rayrollout.engine.startup import PolicyEndpointError
+    from rayrollout.envkit import Environment, Episode, ToolError, ToolResult, Verification, tool
+    from rayrollout.envkit.errors import (
+        ActionRejected,
         DuplicateEnvironmentError,
         EnvironmentArgsError,
+        EnvironmentLost,
+        EnvironmentRoutingError,
+        EnvironmentSetupFailed,
+        NemoGymError,
+        OpenEnvError,
+        ResetStepError,
+        SessionNotOpen,
+        ToolCallRejected,
         UnknownEnvironmentError,
     )
     from rayrollout.envkit.reset_step import (
@@ -112,11 +115,7 @@ if TYPE_CHECKING:
         ResetStepSession,
         StepResult,
     )
-    from rayrollout.envkit.reset_step.protocol import ResetStepError
-    from rayrollout.envkit.session_store import SessionNotOpen
-    from rayrollout.envkit.sessions import EnvironmentLost, EnvironmentSetupFailed
     from rayrollout.envkit.testing import play_in_both_hostings
-    from rayrollout.envkit.tool_args import ToolCallRejected
     from rayrollout.errors import (
         ClusterError,
         EnvironmentBoundaryError,
@@ -126,10 +125,16 @@ if TYPE_CHECKING:
         PolicyBoundaryError,
         RayrolloutError,
     )
-    from rayrollout.integrations.sequences import TooManyFailuresError
-    from rayrollout.policy.client import PolicyError, PolicyTimeout
-    from rayrollout.policy.gate import StaleEpisode
-    from rayrollout.policy.http import HttpStatusError, HttpTimeout, HttpTransportError
+    from rayrollout.integrations.errors import TooManyDroppedError, TooManyFailuresError
+    from rayrollout.policy.errors import (
+        HttpStatusError,
+        HttpTimeout,
+        HttpTransportError,
+        PolicyError,
+        PolicyTimeout,
+        StaleEpisode,
+        TemplateError,
+    )
     from rayrollout.policy.kinds import (
         FixedWeights,
         OwnServer,
@@ -138,7 +143,6 @@ if TYPE_CHECKING:
         WeightUpdateError,
         kind_settings,
     )
-    from rayrollout.policy.tokens import TemplateError
 
 # Each public name -> the module defining it, imported when the name is first asked for.
 _HOMES = {
@@ -155,7 +159,7 @@ _HOMES = {
     "Environment": "rayrollout.envkit",
     "tool": "rayrollout.envkit",
     "ToolResult": "rayrollout.envkit",
-    "ToolError": "rayrollout.envkit",
+    "ToolError": "rayrollout.envkit.errors",
     "Episode": "rayrollout.envkit",
     "Verification": "rayrollout.envkit",
     "ResetStepEnvironment": "rayrollout.envkit.reset_step",
@@ -186,65 +190,66 @@ _HOMES = {
 # tests/test_public_api.py walks the tree and holds this to it (the CLI's own errors and
 # private classes excepted); docs/reference/errors.md draws it.
 _ERROR_HOMES = {
-    "ActionRejected": "rayrollout.envkit.openenv.channel",
-    "AgentArgsError": "rayrollout.agentkit.registry",
-    "BadRequest": "rayrollout.agentkit.openai_shapes",
+    "ActionRejected": "rayrollout.envkit.errors",
+    "AgentArgsError": "rayrollout.agentkit.errors",
+    "BadRequest": "rayrollout.agentkit.errors",
     "BadRequestError": "rayrollout.client.errors",
     "BatchConflictError": "rayrollout.client.errors",
     "BatchNotFoundError": "rayrollout.client.errors",
-    "ConfigError": "rayrollout.data.config",
-    "CursorGoneError": "rayrollout.api.service.batches",
-    "DuplicateEnvironmentError": "rayrollout.envkit.registry",
-    "EmptyRunError": "rayrollout.data.episode_table",
-    "EngineDiedError": "rayrollout.api.rollout_engine",
-    "EngineExistsError": "rayrollout.api.rollout_engine",
+    "ConfigError": "rayrollout.data.errors",
+    "CursorGoneError": "rayrollout.api.errors",
+    "DuplicateEnvironmentError": "rayrollout.envkit.errors",
+    "EmptyRunError": "rayrollout.data.errors",
+    "EngineDiedError": "rayrollout.api.errors",
+    "EngineExistsError": "rayrollout.api.errors",
     "EngineGoneError": "rayrollout.client.errors",
-    "EnvironmentArgsError": "rayrollout.envkit.registry",
+    "EnvironmentArgsError": "rayrollout.envkit.errors",
     "EnvironmentCheckError": "rayrollout.api.preflight",
-    "EnvironmentLost": "rayrollout.envkit.sessions",
-    "EnvironmentRoutingError": "rayrollout.envkit.nemo_gym.routes",
-    "EnvironmentSetupFailed": "rayrollout.envkit.sessions",
+    "EnvironmentLost": "rayrollout.envkit.errors",
+    "EnvironmentRoutingError": "rayrollout.envkit.errors",
+    "EnvironmentSetupFailed": "rayrollout.envkit.errors",
     "EnvironmentUnavailableError": "rayrollout.api.preflight",
     "EnvironmentUrlError": "rayrollout.api.preflight",
     "EpisodesFailedError": "rayrollout.errors",
-    "ExportError": "rayrollout.data.export.base",
-    "FrontPortTaken": "rayrollout.agentkit.gateway_front",
-    "HeadReadError": "rayrollout.data.task_shard_head",
-    "HttpStatusError": "rayrollout.policy.http",
-    "HttpTimeout": "rayrollout.policy.http",
-    "HttpTransportError": "rayrollout.policy.http",
-    "ImageError": "rayrollout.data.images",
-    "LateImages": "rayrollout.data.export.writing",
-    "LocalHeadError": "rayrollout.engine.local_head",
-    "NemoGymError": "rayrollout.envkit.nemo_gym.client",
-    "OpenEnvError": "rayrollout.envkit.openenv.channel",
-    "OpenJournalsError": "rayrollout.api.service.journal",
+    "ExportError": "rayrollout.data.errors",
+    "FrontPortTaken": "rayrollout.agentkit.errors",
+    "HeadReadError": "rayrollout.data.errors",
+    "HttpStatusError": "rayrollout.policy.errors",
+    "HttpTimeout": "rayrollout.policy.errors",
+    "HttpTransportError": "rayrollout.policy.errors",
+    "ImageError": "rayrollout.data.errors",
+    "LateImages": "rayrollout.data.errors",
+    "LocalHeadError": "rayrollout.engine.errors",
+    "NemoGymError": "rayrollout.envkit.errors",
+    "OpenEnvError": "rayrollout.envkit.errors",
+    "OpenJournalsError": "rayrollout.api.errors",
     "OutputFolderError": "rayrollout.api.preflight",
-    "PartError": "rayrollout.data.run_folder",
+    "PartError": "rayrollout.data.errors",
     "PolicyCheckError": "rayrollout.api.preflight",
     "PolicyEndpointError": "rayrollout.engine.startup",
-    "PolicyError": "rayrollout.policy.client",
-    "PolicyTimeout": "rayrollout.policy.client",
+    "PolicyError": "rayrollout.policy.errors",
+    "PolicyTimeout": "rayrollout.policy.errors",
     "PreflightError": "rayrollout.api.preflight",
-    "ResetStepError": "rayrollout.envkit.reset_step.protocol",
+    "ResetStepError": "rayrollout.envkit.errors",
     "RowRefused": "rayrollout.data.tasks",
     "ServiceBusyError": "rayrollout.client.errors",
     "ServiceError": "rayrollout.client.errors",
-    "NotUpError": "rayrollout.api.cluster",
-    "SessionNotOpen": "rayrollout.envkit.session_store",
-    "ShardReadError": "rayrollout.data.task_shards",
-    "StaleEpisode": "rayrollout.policy.gate",
+    "NotUpError": "rayrollout.api.errors",
+    "SessionNotOpen": "rayrollout.envkit.errors",
+    "ShardReadError": "rayrollout.data.errors",
+    "StaleEpisode": "rayrollout.policy.errors",
     "TasksFileError": "rayrollout.api.preflight",
-    "TemplateError": "rayrollout.policy.tokens",
-    "TooManyFailuresError": "rayrollout.integrations.sequences",
-    "ToolCallRejected": "rayrollout.envkit.tool_args",
+    "TemplateError": "rayrollout.policy.errors",
+    "TooManyDroppedError": "rayrollout.integrations.errors",
+    "TooManyFailuresError": "rayrollout.integrations.errors",
+    "ToolCallRejected": "rayrollout.envkit.errors",
     "UnauthorizedError": "rayrollout.client.errors",
-    "UnknownAgentError": "rayrollout.agentkit.registry",
-    "UnknownEnvironmentError": "rayrollout.envkit.registry",
+    "UnknownAgentError": "rayrollout.agentkit.errors",
+    "UnknownEnvironmentError": "rayrollout.envkit.errors",
     "UnknownPolicyKindError": "rayrollout.policy.kinds",
     "WeightUpdateError": "rayrollout.policy.kinds",
-    "WeightsPathError": "rayrollout.engine.weights",
-    "WriterError": "rayrollout.data.run_folder",
+    "WeightsPathError": "rayrollout.engine.errors",
+    "WriterError": "rayrollout.data.errors",
 }
 _HOMES.update(_ERROR_HOMES)
 
@@ -339,6 +344,7 @@ __all__ += [  # the rest of the error tree (_ERROR_HOMES)
     "StaleEpisode",
     "TasksFileError",
     "TemplateError",
+    "TooManyDroppedError",
     "TooManyFailuresError",
     "ToolCallRejected",
     "UnauthorizedError",

@@ -20,7 +20,11 @@ from typing import Any
 
 from rayrollout.errors import InputError
 
-__all__ = ["PluginGroup", "Registration"]
+__all__ = ["BUILT_IN_PACKAGES", "PluginGroup", "Registration"]
+
+BUILT_IN_PACKAGES = ("environments", "deployments", "agents")
+"""The built-in plugins' folders, ``rayrollout.<name>``: they register through the same entry
+points as any package's, and the core never imports them by name (``tests/test_layers.py``)."""
 
 
 @dataclass(frozen=True)

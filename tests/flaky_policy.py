@@ -14,11 +14,11 @@ import itertools
 import json
 import random
 import re
-import threading
 from collections import Counter
 from typing import Any
 
 from aiohttp import web
+from netutil import AiohttpInThread
 
 from rayrollout.deployments.scripted.protocol import chat_completion
 from rayrollout.deployments.scripted.strategy import next_action
@@ -27,7 +27,7 @@ FAULTS = ("500", "503", "429", "hang", "garbage")
 _ALWAYS = re.compile(r"\[\[always=(\w+)\]\]")
 
 
-class FlakyPolicy:
+class FlakyPolicy(AiohttpInThread):
     """Chat Completions server failing ``fault_rate`` of calls; counts what it did.
 
     Example:
@@ -43,6 +43,7 @@ class FlakyPolicy:
         echo_key: bool = False,
         think_s: float = 0.0,
     ) -> None:
+        super().__init__()
         self.fault_rate = fault_rate
         self.think_s = think_s  # every answer takes this long, as a real model's would
         self.in_flight = 0  # calls being answered now, and the most there ever were
@@ -53,36 +54,14 @@ class FlakyPolicy:
         self.faults: Counter[str] = Counter()
         self.requests = 0
         self.authorization: set[str] = set()
-        self.base_url = ""
         self._ids = itertools.count()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._runner: web.AppRunner | None = None
-
-    def __enter__(self) -> FlakyPolicy:
-        self._thread.start()
-        port = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
-        self.base_url = f"http://127.0.0.1:{port}/v1"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=30)
 
     @property
     def faults_injected(self) -> int:
         return sum(self.faults.values())
 
-    async def _start(self) -> int:
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._chat)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        return site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
     def _fault_for(self, messages: list[dict[str, Any]]) -> str | None:
         prompt = " ".join(str(m.get("content") or "") for m in messages if m["role"] == "user")

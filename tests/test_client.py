@@ -14,6 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from rayrollout import figures
 from rayrollout.client import (
     BadRequestError,
     BatchConflictError,
@@ -25,6 +26,7 @@ from rayrollout.client import (
     TrajectoryRow,
     UnauthorizedError,
 )
+from rayrollout.client import models as wire
 from rayrollout.client.models import Turn as WireTurn
 from rayrollout.client.transport import raise_for_status
 from rayrollout.data.schema import Message, Trajectory, Turn
@@ -35,6 +37,7 @@ CLIENT_SOURCES = [
     ROOT / "rayrollout/__init__.py",
     ROOT / "rayrollout/errors.py",
     ROOT / "rayrollout/auth.py",
+    ROOT / "rayrollout/figures.py",
     *sorted((ROOT / "rayrollout/client").glob("*.py")),
 ]
 HEAVY = ("ray", "pyarrow", "vllm", "torch", "pandas", "numpy", "aiohttp", "httpx2", "openai")
@@ -80,6 +83,48 @@ def test_the_client_reads_an_engine_row_and_types_what_a_trainer_reads():
     assert set(WireTurn.model_fields) <= set(Turn.model_fields)
     assert set(TrajectoryRow.model_fields) <= set(Trajectory.model_fields)
     assert Trajectory.from_row(json.loads(line)) == trajectory  # and back, where rayrollout is
+
+
+def stats_answer() -> dict:
+    """A ``GET /v1/stats`` answer as the service encodes ``EngineActor.stats()``."""
+    env = {"episodes": 2, "mean_reward": 0.5, "errors": 0, "close_errors": 0}
+    env |= {"statuses": {"ok": 2}, "turns_per_episode": 1.0, "p50_s": 0.1, "p95_s": 0.2}
+    env |= {"time_split": {"model": 1.0}, "mean_queued_s": 0.0}
+    policy = {"version": 3, "paused": True, "pause_mode": "wait", "updates": 1}
+    return {
+        "episodes_done": 2,
+        "episodes_in_flight": 0,
+        "episodes_per_s": 1.5,
+        "elapsed_s": 4.0,
+        "mean_reward": 0.5,
+        "errors": 0,
+        "close_errors": 0,
+        "statuses": {"ok": 2},
+        "time_split": {"model": 1.0},
+        "mean_queued_s": 0.0,
+        "by_env": {"echo": env},
+        "queued": 0,
+        "rows_written": 2,
+        "writer": {"parts": 1, "rows": 2, "buffered_rows": 0, "seconds": 0.1},
+        "policy": policy | {"last_update": {"path": None}},
+        "dynamic_sampling": {"calls": 0},
+        "policy_calls": None,
+    }
+
+
+def test_the_clients_stats_model_is_the_engines_and_reads_a_newer_services_answer():
+    assert wire.EngineStats is figures.EngineStats
+    assert wire.PolicyState is figures.PolicyState
+    stats = wire.EngineStats.from_answer(stats_answer())
+    assert stats.policy.version == 3 and stats.policy.paused and stats["by_env"]["echo"].p95_s
+    # A newer service's extra figures, at any depth, are left out rather than refused.
+    newer = stats_answer() | {"new_figure": 1}
+    newer["policy"]["new_state"] = "x"
+    newer["by_env"]["echo"]["new_percentile"] = 0.3
+    assert wire.EngineStats.from_answer(newer) == stats
+    # Built in the engine, a misspelt figure still fails where it is written.
+    with pytest.raises(ValueError, match="new_figure"):
+        wire.EngineStats.model_validate(newer)
 
 
 @pytest.mark.parametrize(

@@ -147,8 +147,9 @@ def error_classes() -> list[type[BaseException]]:
 
     import rayrollout
     from rayrollout.errors import RayrolloutError
+    from rayrollout.plugins import BUILT_IN_PACKAGES
 
-    plugins = ("rayrollout.environments", "rayrollout.deployments", "rayrollout.agents")
+    plugins = tuple(f"rayrollout.{name}" for name in BUILT_IN_PACKAGES)
     for info in pkgutil.walk_packages(rayrollout.__path__, "rayrollout."):
         if info.name.endswith("__main__") or info.name.startswith(plugins):
             continue  # the built-in plugins raise the core's errors, they add none of theirs
@@ -197,6 +198,6 @@ def test_every_error_class_is_on_the_errors_page():
 def test_the_errors_check_names_a_class_missing_from_the_page():
     page = (REFERENCE / "errors.md").read_text()
     without_row = "\n".join(line for line in page.splitlines() if "| `PartError` |" not in line)
-    assert missing_errors(without_row, error_classes()) == ["rayrollout.data.run_folder.PartError"]
+    assert missing_errors(without_row, error_classes()) == ["rayrollout.data.errors.PartError"]
     undrawn = "\n".join(line for line in page.splitlines() if "─ PartError " not in line)
-    assert missing_errors(undrawn, error_classes()) == ["rayrollout.data.run_folder.PartError"]
+    assert missing_errors(undrawn, error_classes()) == ["rayrollout.data.errors.PartError"]

@@ -11,10 +11,10 @@ from contextlib import asynccontextmanager
 import aiohttp
 import openai
 import pytest
+from served_policy import scripted_policy_on_serve
 
 from rayrollout.agentkit import AgentEpisode, EpisodeEnd, OutOfTurns
 from rayrollout.agentkit.gateway import TOOL_ERROR_HEADER, Gateway
-from rayrollout.auth import RouteAuth
 from rayrollout.data.config import EpisodeConfig, PolicyConfig
 from rayrollout.data.convert import chat_tools_to_responses
 from rayrollout.data.schema import Message, Task, Trajectory
@@ -28,17 +28,8 @@ PROMPT = "What's the weather like in Paris?"
 
 @pytest.fixture(scope="module")
 def policy_url(serve_session):
-    from ray import serve
-
-    from rayrollout.deployments.scripted import scripted_policy_app
-
-    serve.run(
-        scripted_policy_app(auth=RouteAuth.bearer(KEY)),
-        name="gateway-policy",
-        route_prefix="/gateway-policy",
-    )
-    yield f"http://127.0.0.1:{serve_session}/gateway-policy/v1"
-    serve.delete("gateway-policy")
+    with scripted_policy_on_serve("gateway-policy", serve_session, KEY) as url:
+        yield url
 
 
 @asynccontextmanager

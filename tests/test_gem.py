@@ -13,13 +13,11 @@ import json
 import math
 
 import pytest
-import yaml
-from typer.testing import CliRunner
+from cli_run import collect_rows
 
 gem = pytest.importorskip("gem", reason="GEM is not installed: pip install 'rayrollout[gem]'")
 
 from rayrollout import read_trajectories  # noqa: E402
-from rayrollout.cli.commands import app  # noqa: E402
 
 SOURCE = "rayrollout.envkit.reset_step.gem:GemEnvironment"
 
@@ -65,24 +63,12 @@ def by_hand(task):
 @pytest.fixture(scope="module")
 def gem_run(tmp_path_factory, serve_session):
     base = tmp_path_factory.mktemp("gem")
-    tasks = base / "tasks.jsonl"
-    tasks.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    config = base / "run.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "namespace": "gem-tests",
-                "ray": {"serve_port": serve_session},
-                "environments": {
-                    "gem_long": {"path": SOURCE, "args": {"env_kwargs": LONG["env_kwargs"]}}
-                },
-            }
-        )
-    )
-    out = base / "out"
-    args = ["collect", tasks, "--env", "gem", "-n", "2", "--out", out]  # no --agent
-    result = CliRunner().invoke(app, [str(a) for a in [*args, "--config", config]])
-    assert result.exit_code == 0, result.output
+    config = {
+        "namespace": "gem-tests",
+        "ray": {"serve_port": serve_session},
+        "environments": {"gem_long": {"path": SOURCE, "args": {"env_kwargs": LONG["env_kwargs"]}}},
+    }
+    out = collect_rows(base, ROWS, config, "--env", "gem", "-n", "2")  # no --agent
     found: dict[str, list] = {}
     for trajectory in read_trajectories(out):
         found.setdefault(trajectory.task_id, []).append(trajectory)

@@ -10,6 +10,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+from netutil import served_routes
 from PIL import Image
 from recording_policy import body_images, recording_scripted_policy
 
@@ -520,23 +521,16 @@ async def test_token_ids_mode_sends_images_with_the_kept_ids_to_the_token_route(
         }
         return web.json_response({"prompt_token_ids": expanded, "choices": [choice]})
 
-    app = web.Application()
-    app.router.add_post("/inference/v1/generate", generate)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     config = PolicyConfig(kind="openai", model="m", prompt_mode="token_ids", tokenizer="none")
-    policy = PolicyClient(config, f"http://127.0.0.1:{port}/v1")
-    policy._delta_renderer = DeltaRenderer(char_template)
     messages = conversation()
-    try:
-        first = await policy.complete(messages[:1], tools=[])
-        second = await policy.complete(messages, tools=[], history=[first.turn])
-    finally:
-        await policy.close()
-        await runner.cleanup()
+    async with served_routes({"/inference/v1/generate": generate}) as base_url:
+        policy = PolicyClient(config, base_url)
+        policy._delta_renderer = DeltaRenderer(char_template)
+        try:
+            first = await policy.complete(messages[:1], tools=[])
+            second = await policy.complete(messages, tools=[], history=[first.turn])
+        finally:
+            await policy.close()
 
     sent_1, sent_2 = bodies[0]["token_ids"], bodies[1]["token_ids"]
     assert sent_1.count(IMAGE_ID) == 1 and sent_2.count(IMAGE_ID) == 2

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from netutil import served_routes
 
 from rayrollout.data.config import PolicyConfig, RunConfig
 from rayrollout.data.schema import Message, Trajectory, Turn, version_spans
@@ -93,15 +94,8 @@ async def char_template(body: dict[str, Any]) -> list[int]:
 @pytest.fixture
 async def served():
     server = FakeVllm()
-    app = web.Application()
-    app.router.add_post("/v1/completions", server.completions)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield server, f"http://127.0.0.1:{port}/v1"
-    await runner.cleanup()
+    async with served_routes({"/v1/completions": server.completions}) as base_url:
+        yield server, base_url
 
 
 def token_client(url: str, gate: PolicyGate, max_tokens: int = 200) -> PolicyClient:

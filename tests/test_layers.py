@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from rayrollout.plugins import BUILT_IN_PACKAGES
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "rayrollout"
 
@@ -34,6 +36,7 @@ RANKS = {
     "errors": 0,
     "auth": 0,
     "gc_tuning": 0,
+    "figures": 0,  # the run figures the engine answers and the light client reads
     "data": 1,
     "plugins": 1,  # the entry-point mechanism of every registry: errors only
     "client": 1,  # the light HTTP client: errors and auth only, never Ray (test_client.py)
@@ -46,7 +49,7 @@ RANKS = {
     "cli": 6,
     "__main__": 7,  # python -m rayrollout: the console script, run by a Python
 }
-PLUGINS = ("environments", "deployments", "agents")  # the built-in plugins' folders
+PLUGINS = BUILT_IN_PACKAGES  # the built-in plugins' folders
 PLUGIN_MAY_IMPORT = {"errors", "auth", "data", "envkit", "policy", "agentkit"}
 
 

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from aiohttp import web
+from netutil import served_routes
 from typer.testing import CliRunner
 
 from rayrollout.cli import app
@@ -71,16 +72,9 @@ async def vllm_shaped():
         choice = {"index": 0, "text": "", "token_ids": [0], "prompt_logprobs": entries}
         return web.json_response({"choices": [choice]})
 
-    server = web.Application()
-    server.router.add_post("/v1/chat/completions", chat)
-    server.router.add_post("/v1/completions", completions)
-    runner = web.AppRunner(server)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}/v1", state
-    await runner.cleanup()
+    routes = {"/v1/chat/completions": chat, "/v1/completions": completions}
+    async with served_routes(routes) as base_url:
+        yield base_url, state
 
 
 async def one_turn(url: str, tools: list[dict[str, Any]], **config: Any) -> Turn:

@@ -6,19 +6,16 @@ the request echoed back plus ``reward``, /close_session.
 """
 
 import json
-import threading
-import time
 import uuid
 from collections import defaultdict
 from pathlib import Path
 
 import pandas as pd
 import pytest
-import uvicorn
 import yaml
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from netutil import free_port
+from netutil import ServedApp, free_port
 from openai.types.responses import Response
 from typer.testing import CliRunner
 
@@ -38,7 +35,7 @@ NEMO_GYM_TASKS = ROOT / "rayrollout" / "environments" / "weather" / "tasks_nemo_
 COOKIE = "nemo_gym_session"
 
 
-class ResourcesServer:
+class ResourcesServer(ServedApp):
     """A NeMo Gym-style weather resources server that records every call per session."""
 
     def __init__(self, fail_first: int = 0, close_status: int = 200, seeds: bool = True) -> None:
@@ -54,24 +51,7 @@ class ResourcesServer:
         self.app.post("/verify")(self.verify)
         self.app.post("/close_session")(self.close_session)
         self.app.post("/get_weather")(self.get_weather)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(
-            uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> "ResourcesServer":
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "test resources server did not start"
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+        super().__init__(self.app)
 
     def session(self, request: Request) -> str:
         return request.cookies.get(COOKIE, "no-cookie")

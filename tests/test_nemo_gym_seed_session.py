@@ -11,18 +11,15 @@ from the steps). The rows are NeMo Gym's own shapes, read by ``collect``.
 """
 
 import json
-import threading
-import time
 import uuid
 from collections import defaultdict
 
 import pandas as pd
 import pytest
-import uvicorn
 import yaml
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from netutil import free_port
+from netutil import ServedApp
 from typer.testing import CliRunner
 
 from rayrollout.cli.commands import app as cli_app
@@ -84,7 +81,7 @@ TB4_ROW = {
 }
 
 
-class SeededServer:
+class SeededServer(ServedApp):
     """An aviary/toolsandbox-style resources server that records every call per env_id."""
 
     def __init__(self) -> None:
@@ -97,24 +94,7 @@ class SeededServer:
         self.app = FastAPI()
         for route in ("seed_session", "step", "close", "verify", "close_session"):
             self.app.post(f"/{route}")(getattr(self, route))
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(
-            uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> "SeededServer":
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "test resources server did not start"
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+        super().__init__(self.app)
 
     async def seed_session(self, request: Request) -> JSONResponse:
         body = await request.json()

@@ -2,12 +2,12 @@
 
 import asyncio
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from aiohttp import web
+from netutil import served_routes
+from old_parts import write_before_and_after
 
-from rayrollout import Trajectory, read_trajectories, trajectory_arrow_schema
+from rayrollout import Trajectory, read_trajectories
 from rayrollout.data.config import PolicyConfig
 from rayrollout.data.schema import Message, Turn
 from rayrollout.policy.client import PolicyClient, PolicyError, PolicyTimeout
@@ -50,16 +50,9 @@ async def flaky_server():
                 )
         return web.json_response(ANSWER)
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_post("/v1/responses", chat)  # its failures are all these tests need
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}/v1", state
-    await runner.cleanup()
+    # /v1/responses: its failures are all these tests need of it.
+    async with served_routes({"/v1/chat/completions": chat, "/v1/responses": chat}) as base_url:
+        yield base_url, state
 
 
 def client(url, **config) -> PolicyClient:
@@ -112,18 +105,7 @@ def test_rows_written_before_turns_recorded_retries_still_read(tmp_path):
         environment="e",
         turns=[Turn(completion_token_ids=[1], retries=1, retry_errors=["HTTP 500: x"])],
     ).to_row()
-    old_row = {**row, "task_id": "old", "group_id": "old"}
-    new_fields = {"retries", "retry_errors"}
-    old_row["turns"] = [{k: v for k, v in t.items() if k not in new_fields} for t in row["turns"]]
-    schema = trajectory_arrow_schema()
-    turns = schema.field("turns").type.value_type
-    old_turn = pa.struct([f for f in turns if f.name not in new_fields])
-    old_schema = schema.set(schema.get_field_index("turns"), pa.field("turns", pa.list_(old_turn)))
-    tmp_path.joinpath("out").mkdir()
-    pq.write_table(
-        pa.Table.from_pylist([old_row], schema=old_schema), tmp_path / "out/part-a.parquet"
-    )
-    pq.write_table(pa.Table.from_pylist([row], schema=schema), tmp_path / "out/part-b.parquet")
+    old_row = write_before_and_after(tmp_path / "out", row, {"retries", "retry_errors"})
     by_id = {t.task_id: t for t in read_trajectories(tmp_path / "out")}
     assert (by_id["old"].turns[0].retries, by_id["old"].turns[0].retry_errors) == (0, [])
     assert (by_id["new"].turns[0].retries, by_id["new"].turns[0].retry_errors) == (

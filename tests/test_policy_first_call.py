@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from netutil import served_routes
 
 import rayrollout.policy.client as client_module
 from rayrollout.data.config import PolicyConfig
@@ -48,15 +49,8 @@ async def completions() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
         }
         return web.json_response(answer)
 
-    app = web.Application()
-    app.router.add_post("/v1/completions", complete)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}/v1", seen
-    await runner.cleanup()
+    async with served_routes({"/v1/completions": complete}) as base_url:
+        yield base_url, seen
 
 
 def token_ids_config(**fields: Any) -> PolicyConfig:

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from served_policy import scripted_policy_on_serve
 from test_gateway import KEY, weather_episode
 from typer.testing import CliRunner
 
 from rayrollout import read_trajectories
 from rayrollout.agentkit import OutOfTurns
 from rayrollout.agentkit.registry import agent_spec
-from rayrollout.auth import RouteAuth
 from rayrollout.cli.commands import app
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -163,17 +163,8 @@ def test_faulty_programs_end_only_their_episode_and_leave_no_process(tmp_path, s
 
 @pytest.fixture(scope="module")
 def policy_url(serve_session):
-    from ray import serve
-
-    from rayrollout.deployments.scripted import scripted_policy_app
-
-    serve.run(
-        scripted_policy_app(auth=RouteAuth.bearer(KEY)),
-        name="program-policy",
-        route_prefix="/program-policy",
-    )
-    yield f"http://127.0.0.1:{serve_session}/program-policy/v1"
-    serve.delete("program-policy")
+    with scripted_policy_on_serve("program-policy", serve_session, KEY) as url:
+        yield url
 
 
 async def test_a_program_that_retries_for_ever_ends_at_max_turns(policy_url, tmp_path):

@@ -12,7 +12,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import yaml
+from cli_run import collect_rows
 from step_envs import TallyEnv
 from typer.testing import CliRunner
 
@@ -56,24 +56,13 @@ ROWS = [
 def tally_run(tmp_path_factory, serve_session):
     """One collect of every row above; returns (output folder, trajectories by task id)."""
     base = tmp_path_factory.mktemp("reset-step")
-    tasks = base / "tasks.jsonl"
-    tasks.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    config = base / "run.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "namespace": "reset-step-tests",
-                "ray": {"serve_port": serve_session},
-                "environments": {"tally": {"path": "step_envs:TallyEnv"}},
-                "episode": {"max_turns": 4},
-            }
-        )
-    )
-    out = base / "out"
-    code, output = invoke(
-        "collect", tasks, "--policy", "scripted", "--out", out, "--config", config
-    )
-    assert code == 0, output
+    config = {
+        "namespace": "reset-step-tests",
+        "ray": {"serve_port": serve_session},
+        "environments": {"tally": {"path": "step_envs:TallyEnv"}},
+        "episode": {"max_turns": 4},
+    }
+    out = collect_rows(base, ROWS, config, "--policy", "scripted")
     return out, {t.task_id: t for t in read_trajectories(out)}
 
 

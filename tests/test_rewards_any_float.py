@@ -7,15 +7,12 @@ row lists, in turn, on one agent; the scripted policy plays.
 """
 
 import json
-import threading
-import time
 
 import pytest
 import ray
-import uvicorn
 from exports import invoke, load, read_lines
 from fastapi import FastAPI, Request
-from netutil import free_port
+from netutil import ServedApp
 from rich.console import Console
 from test_report import chromium, needs_chromium
 
@@ -185,7 +182,7 @@ def test_rewards_print_within_the_tables_width():
     assert max(len(reward_text(r)) for r in (-1.2345e300, 1e300, -9999.9)) <= 11
 
 
-class VerifyServer:
+class VerifyServer(ServedApp):
     """A NeMo Gym resources server whose /verify gives the reward the row names in ``give``
     (any JSON value), as generative_reward_model's -100 or multireward's 3."""
 
@@ -194,24 +191,7 @@ class VerifyServer:
         self.app.post("/seed_session")(self.seed_session)
         self.app.post("/verify")(self.verify)
         self.app.post("/close_session")(self.close_session)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(
-            uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "test resources server did not start"
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+        super().__init__(self.app)
 
     async def seed_session(self) -> dict:
         return {}

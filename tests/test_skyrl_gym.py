@@ -13,8 +13,7 @@ import math
 import sqlite3
 
 import pytest
-import yaml
-from typer.testing import CliRunner
+from cli_run import collect_rows
 
 skyrl_gym = pytest.importorskip(
     "skyrl_gym", reason="skyrl-gym is not installed: pip install 'rayrollout[skyrl-gym]'"
@@ -22,7 +21,6 @@ skyrl_gym = pytest.importorskip(
 from omegaconf import OmegaConf  # noqa: E402 (skyrl-gym's dependency: after its skip)
 
 from rayrollout import read_trajectories  # noqa: E402
-from rayrollout.cli.commands import app  # noqa: E402
 
 
 def row(task_id, question, replies, **fields):
@@ -107,22 +105,12 @@ def by_hand(task, env_config):
 def skyrl_run(tmp_path_factory, serve_session):
     base = tmp_path_factory.mktemp("skyrl")
     env_config = {"db_path": str(spider_database(base / "sql_data"))}
-    tasks = base / "tasks.jsonl"
-    tasks.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    config = base / "run.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "namespace": "skyrl-tests",
-                "ray": {"serve_port": serve_session},
-                "environments": {"skyrl_gym": {"args": {"env_config": env_config}}},
-            }
-        )
-    )
-    out = base / "out"
-    args = ["collect", tasks, "--env", "skyrl_gym", "--out", out]  # no --agent
-    result = CliRunner().invoke(app, [str(a) for a in [*args, "--config", config]])
-    assert result.exit_code == 0, result.output
+    config = {
+        "namespace": "skyrl-tests",
+        "ray": {"serve_port": serve_session},
+        "environments": {"skyrl_gym": {"args": {"env_config": env_config}}},
+    }
+    out = collect_rows(base, ROWS, config, "--env", "skyrl_gym")  # no --agent
     return {t.task_id: t for t in read_trajectories(out)}, env_config
 
 

@@ -16,12 +16,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import ray
+from old_parts import write_before_and_after
 
-from rayrollout import RunConfig, Trajectory, read_trajectories, trajectory_arrow_schema
+from rayrollout import RunConfig, Trajectory, read_trajectories
 from rayrollout.api.cluster import down, start_detached
 from rayrollout.data.schema import Task, Turn
 from rayrollout.engine.groups import Group, generate_groups
@@ -346,19 +345,8 @@ def test_rows_written_before_turns_had_a_policy_version_still_read(tmp_path):
         turns=[Turn(completion_token_ids=[1], policy_version=2)],
     )
     row = new.to_row()
-    old_row = {**row, "task_id": "old", "group_id": "old", "policy_version": 0}
-    old_row["turns"] = [{k: v for k, v in t.items() if k != "policy_version"} for t in row["turns"]]
-    # The schema of parts written before the field existed: turns without policy_version.
-    schema = trajectory_arrow_schema()
-    turns = schema.field("turns").type.value_type
-    old_turn = pa.struct([f for f in turns if f.name != "policy_version"])
-    old_schema = schema.set(schema.get_field_index("turns"), pa.field("turns", pa.list_(old_turn)))
-    tmp_path.joinpath("out").mkdir()
-    # The old part sorts first: its schema must not hide the field in the newer part.
-    pq.write_table(
-        pa.Table.from_pylist([old_row], schema=old_schema), tmp_path / "out/part-a.parquet"
-    )
-    pq.write_table(pa.Table.from_pylist([row], schema=schema), tmp_path / "out/part-b.parquet")
+    # Parts written before the field existed: turns without policy_version.
+    old_row = write_before_and_after(tmp_path / "out", row, {"policy_version"}, policy_version=0)
     by_id = {t.task_id: t for t in read_trajectories(tmp_path / "out")}
     assert by_id["old"].turns[0].policy_version == 0
     assert by_id["new"].turns[0].policy_version == 2 and by_id["new"] == new

@@ -12,13 +12,11 @@ import asyncio
 import json
 
 import pytest
-import yaml
-from typer.testing import CliRunner
+from cli_run import collect_rows
 
 vf = pytest.importorskip("verifiers", reason="verifiers is not installed: see .ci/verifiers")
 
 from rayrollout import read_trajectories  # noqa: E402
-from rayrollout.cli.commands import app  # noqa: E402
 from rayrollout.envkit.verifiers import load_verifiers_environment  # noqa: E402
 
 CALL = {"tool": "multiply", "arguments": {"a": 6, "b": 7}}
@@ -48,22 +46,12 @@ ROWS = [
 @pytest.fixture(scope="module")
 def vf_run(tmp_path_factory, serve_session):
     base = tmp_path_factory.mktemp("verifiers")
-    tasks = base / "tasks.jsonl"
-    tasks.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    config = base / "run.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "namespace": "verifiers-tests",
-                "ray": {"serve_port": serve_session},
-                "episode": {"max_turns": 6},
-            }
-        )
-    )
-    out = base / "out"
-    args = ["collect", tasks, "--env", "verifiers", "--agent", "verifiers", "--out", out]
-    result = CliRunner().invoke(app, [str(a) for a in [*args, "--config", config]])
-    assert result.exit_code == 0, result.output
+    config = {
+        "namespace": "verifiers-tests",
+        "ray": {"serve_port": serve_session},
+        "episode": {"max_turns": 6},
+    }
+    out = collect_rows(base, ROWS, config, "--env", "verifiers", "--agent", "verifiers")
     return {t.task_id: t for t in read_trajectories(out)}
 
 

@@ -29,8 +29,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from rayrollout.agentkit.errors import FrontPortTaken
 from rayrollout.agentkit.gateway import MAX_BODY
-from rayrollout.errors import ClusterError
 
 __all__ = [
     "FRONT_HEALTH_PATH",
@@ -54,11 +54,6 @@ PROTOCOL = 1  # bumped if the metadata keys or the forwarding change
 ROUTES = ("responses", "chat/completions")
 _RELY_S = 1.0  # a front found in another process is probed again after this long
 _PROBE_TIMEOUT_S = 5.0
-
-
-class FrontPortTaken(ClusterError, RuntimeError):
-    """The front's port is held by a program that is not rayrollout's gateway front (a
-    service the run needs is taken, as for a named actor another run holds)."""
 
 
 def front_metadata(gateway_url: str, api_key: str) -> dict[str, str]:

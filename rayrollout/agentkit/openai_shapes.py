@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from rayrollout.agentkit.errors import BadRequest
 from rayrollout.data.schema import FunctionCall, Message, SamplingParams, ToolCall, Turn
-from rayrollout.errors import InputError
 
 __all__ = [
     "BadRequest",
@@ -26,14 +26,6 @@ __all__ = [
     "responses_tools",
     "sampling_over",
 ]
-
-
-class BadRequest(InputError, ValueError):
-    """A request field the gateway cannot read; ``param`` names it."""
-
-    def __init__(self, param: str, problem: str) -> None:
-        super().__init__(f"{param}: {problem}")
-        self.param = param
 
 
 # Chat roles a program may send -> ours ("developer" is the newer name of "system").

@@ -24,10 +24,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from rayrollout.agentkit.contract import Agent, FunctionAgent
+from rayrollout.agentkit.errors import AgentArgsError, UnknownAgentError
 from rayrollout.data.config import DEFAULT_AGENT, AgentSettings
 from rayrollout.data.schema import Task
 from rayrollout.envkit.contract import Environment
-from rayrollout.errors import InputError
 from rayrollout.plugins import PluginGroup
 
 __all__ = [
@@ -42,14 +42,6 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "rayrollout.agents"
-
-
-class UnknownAgentError(InputError, LookupError):
-    """A task, flag or config named an agent that nothing registers (or two things do)."""
-
-
-class AgentArgsError(InputError, TypeError):
-    """The config's ``args`` do not fit the agent's constructor (or function)."""
 
 
 AGENTS = PluginGroup(

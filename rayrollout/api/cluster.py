@@ -32,6 +32,7 @@ import ray
 from pydantic import SecretStr
 from ray import serve
 
+from rayrollout.api.errors import NotUpError
 from rayrollout.api.rollout_engine import EngineExistsError, RolloutEngine
 from rayrollout.api.service.journal import refuse_open_journals
 from rayrollout.api.service.service_actor import ENGINE_WAIT_S, SERVICE_NAME, ServiceActor
@@ -43,7 +44,6 @@ from rayrollout.engine.secret_env import route_token_path
 from rayrollout.engine.startup import ensure_ray, policy_app_name
 from rayrollout.engine.worker import WORKER_PREFIX
 from rayrollout.envkit.server import environment_app_name
-from rayrollout.errors import ClusterError
 
 __all__ = [
     "EngineExistsError",
@@ -62,10 +62,6 @@ __all__ = [
 LOOKUP_TIMEOUT_S = 5.0
 
 log = logging.getLogger("rayrollout")
-
-
-class NotUpError(ClusterError, LookupError):
-    """A named actor or app of the run (the engine, a Serve app) is not up in the namespace."""
 
 
 def _retry(find: Any, timeout_s: float) -> Any:

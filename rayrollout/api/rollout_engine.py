@@ -42,6 +42,7 @@ from rayrollout.api.collect import (
     plan_collect,
     refuse_old_parts,
 )
+from rayrollout.api.errors import EngineDiedError, EngineExistsError
 from rayrollout.api.spec_feed import SpecFeed
 from rayrollout.auth import RouteAuth, new_token, write_token_file
 from rayrollout.data.config import ConfigError, RunConfig
@@ -54,7 +55,7 @@ from rayrollout.engine.run_figures import RunSnapshot
 from rayrollout.engine.secret_env import route_token_path, workers_policy_key
 from rayrollout.engine.startup import ensure_ray, prepare_policy
 from rayrollout.engine.worker import worker_name
-from rayrollout.errors import ClusterError, RayrolloutError
+from rayrollout.errors import RayrolloutError
 from rayrollout.policy.kinds import check_policy, policy_kind
 
 __all__ = [
@@ -70,14 +71,6 @@ ProgressCallback = Callable[[RunSnapshot], None]
 PlanCallback = Callable[[CollectPlan], None]
 
 T = TypeVar("T")
-
-
-class EngineExistsError(ClusterError, RuntimeError):
-    """Another run's engine holds the name in this namespace."""
-
-
-class EngineDiedError(ClusterError, RuntimeError):
-    """The engine actor died mid-run; what it wrote stays, and ``--resume`` finishes the run."""
 
 
 class CollectResult:

@@ -15,8 +15,8 @@ from typing import get_args
 
 import pandas as pd
 
+from rayrollout.cli.errors import EpisodeFilterError
 from rayrollout.data.schema import Status
-from rayrollout.errors import InputError
 
 __all__ = [
     "FAILED",
@@ -35,10 +35,6 @@ SORTS = {
     "reward": (["reward", "task_id", "sample_index"], [True, True, True]),
 }
 """``--sort`` choices: by task (default), slowest first, lowest reward first."""
-
-
-class EpisodeFilterError(InputError, ValueError):
-    """A ``show`` filter names something that cannot match (a status that does not exist)."""
 
 
 def filter_episodes(

@@ -10,9 +10,10 @@ runs on Python 3.10-3.13 with pydantic alone, so it installs beside any trainer'
 ``pip install rayrollout`` brings it with the engine, and ``clients/python`` builds
 ``rayrollout-client``, this package with nothing of the engine.
 
-May import: ``rayrollout.errors`` and ``rayrollout.auth`` (both standard library only), the
-standard library and pydantic; nothing else of rayrollout (``rayrollout/__init__`` loads its
-names lazily, so importing this package runs none of them).
+May import: ``rayrollout.errors``, ``rayrollout.auth`` (both standard library only) and
+``rayrollout.figures`` (pydantic only), the standard library and pydantic; nothing else of
+rayrollout (``rayrollout/__init__`` loads its names lazily, so importing this package runs
+none of them).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Requests are strict (``extra="forbid"``), answers open (``extra="allow"``), so a client keeps
 working against a newer service. A trajectory travels as its output row (``TrajectoryRow``).
-Nothing here imports pyarrow or Ray: this module is half of the light client.
+Nothing here imports pyarrow or Ray: this module is half of the light client. ``stats()``'s
+answer (``EngineStats``, ``PolicyState``) is the engine's own model, from ``rayrollout.figures``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+
+from rayrollout.figures import EngineStats, PolicyState
 
 __all__ = [
     "BATCH_ID_PATTERN",
@@ -269,23 +272,6 @@ class WeightsAnswer(_Answer):
     """The policy's version after the call (vLLM adds ``replicas`` and ``workers``)."""
 
     version: int
-
-
-class PolicyState(_Answer):
-    """The policy's version and whether it is paused."""
-
-    version: int
-    paused: bool
-
-
-class EngineStats(_Answer):
-    """The engine's ``stats()`` (every figure kept; these typed)."""
-
-    episodes_done: int
-    episodes_in_flight: int
-    episodes_per_s: float
-    errors: int
-    policy: PolicyState
 
 
 class ServiceInfo(_Answer):

@@ -306,7 +306,7 @@ class RolloutClient:
 
     def stats(self) -> EngineStats:
         """The engine's figures: episodes, throughput, errors, policy version and pause."""
-        return EngineStats.model_validate(self.transport.request("GET", "/v1/stats"))
+        return EngineStats.from_answer(self.transport.request("GET", "/v1/stats"))
 
     def info(self) -> ServiceInfo:
         """The run behind the service: namespace, output folder, limits."""

@@ -19,9 +19,9 @@ from rayrollout.data.environment_config import (
     EnvironmentAutoscaling,
     EnvironmentConfig,
 )
+from rayrollout.data.errors import ConfigError
 from rayrollout.data.run_folder import REJECTS_FILE
 from rayrollout.data.service_config import ServiceConfig
-from rayrollout.errors import InputError
 
 __all__ = [
     "AgentSettings",
@@ -42,10 +42,6 @@ __all__ = [
     "WorkersConfig",
     "load_config",
 ]
-
-
-class ConfigError(InputError, ValueError):
-    """A config file or flag that does not validate, with the offending key."""
 
 
 class _Config(BaseModel):

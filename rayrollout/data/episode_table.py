@@ -13,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
+from rayrollout.data.errors import EmptyRunError
 from rayrollout.data.run_folder import RunFolder
-from rayrollout.errors import OutputError
 
 __all__ = ["EPISODE_COLUMNS", "METRIC_COLUMNS", "EmptyRunError", "load_episodes"]
 
@@ -49,10 +49,6 @@ METRIC_COLUMNS = [
 ]
 """The per-episode metrics kept, as ``m_<name>`` columns (the timeline and tool names are
 dropped: lists, and no summary needs them)."""
-
-
-class EmptyRunError(OutputError, FileNotFoundError):
-    """The folder holds no part files: not a run's output folder, or a run that wrote nothing."""
 
 
 def load_episodes(directory: str | Path) -> pd.DataFrame:

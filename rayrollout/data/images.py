@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rayrollout.errors import InputError
+from rayrollout.data.errors import ImageError
 
 __all__ = [
     "ImageError",
@@ -42,11 +42,6 @@ _MAGIC: tuple[tuple[bytes, str], ...] = (
     (b"GIF89a", "image/gif"),
     (b"BM", "image/bmp"),
 )
-
-
-class ImageError(InputError, ValueError):
-    """An image that cannot be read: a malformed data URL, a missing file, bytes of no
-    image format known here."""
 
 
 def is_data_url(url: str) -> bool:

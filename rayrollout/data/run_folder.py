@@ -25,6 +25,7 @@ from typing import IO, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rayrollout.data.errors import PartError, WriterError
 from rayrollout.data.folder_lock import LockHolder, acquire
 from rayrollout.data.schema import (
     RENAMED_COLUMNS,
@@ -33,7 +34,6 @@ from rayrollout.data.schema import (
     trajectory_arrow_schema,
 )
 from rayrollout.data.task_digests import DigestTable, NextSamples, SampleKeys
-from rayrollout.errors import OutputError
 
 __all__ = [
     "FORMATS",
@@ -59,14 +59,6 @@ _SCAN_SCHEMA = pa.schema(
 )
 _BATCH = 256  # rows per Parquet batch handed out as dicts: a few MB with token ids
 _KEY_BATCH = 65_536  # two small columns only
-
-
-class WriterError(OutputError, RuntimeError):
-    """Output could not be written (disk full, permissions, a bad folder, a held lock)."""
-
-
-class PartError(OutputError, ValueError):
-    """A part file could not be read; the message names the file and the line or row."""
 
 
 def _suffix(fmt: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 from pydantic import Field
 
-from rayrollout.data.figures import Figures
+from rayrollout.figures import Figures
 
 __all__ = [
     "GAP_S",

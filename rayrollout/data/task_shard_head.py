@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from rayrollout.errors import InputError
+from rayrollout.data.errors import HeadReadError
 
 __all__ = ["count_apart", "head_apart", "main", "shard_lines"]
 
@@ -87,15 +87,6 @@ def count_apart(paths: list[Path]) -> int | None:
     except HeadReadError:
         return None
     return int(answer[1]) if answer[0] == "count" else None
-
-
-class HeadReadError(InputError):
-    """A shard the child process could not read: ``index`` in the paths asked (None: the
-    process itself failed), and why. An input error: the task set is what is wrong."""
-
-    def __init__(self, index: int | None, message: str) -> None:
-        super().__init__(message)
-        self.index = index
 
 
 def _ask(request: dict[str, Any]) -> Answer:

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from rayrollout.data.errors import ShardReadError
 from rayrollout.data.task_shard_head import HeadReadError, count_apart, head_apart, shard_lines
 from rayrollout.data.tasks import SourceRow, row_from_line
-from rayrollout.errors import InputError
 
 __all__ = [
     "BLOCK_BYTES",
@@ -47,10 +47,6 @@ CHUNK_BYTES = 64 << 10
 """Raw rows the driver takes from the reader per call: under Ray's 100 KiB limit for objects
 passed inline, so rows reach the driver without the object store (see ``stream``)."""
 _GLOB_CHARS = set("*?[")
-
-
-class ShardReadError(InputError, OSError):
-    """A shard of a task set could not be read (not Parquet, unreadable, gone)."""
 
 
 def is_shard_set(path: str | Path) -> bool:

@@ -16,11 +16,10 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import Field
 
-from rayrollout.data.figures import Figures
 from rayrollout.data.run_folder import FORMATS, SCHEMA, RunFolder, WriterError
 from rayrollout.data.schema import inline_images
+from rayrollout.figures import WriterFigures
 
 __all__ = [
     "SCHEMA",
@@ -153,15 +152,6 @@ def make_sink(
     if fmt not in sinks:
         raise WriterError(f"unknown output format {fmt!r}; use one of {', '.join(FORMATS)}")
     return sinks[fmt](directory, run_id, writer=writer, holder_pid=holder_pid)
-
-
-class WriterFigures(Figures):
-    """What the writer has done so far (the summary table's caption, ``stats()["writer"]``)."""
-
-    parts: int = Field(default=0, description="Parts renamed into place.")
-    rows: int = Field(default=0, description="Rows in those parts.")
-    buffered_rows: int = Field(default=0, description="Rows waiting for the next part.")
-    seconds: float = Field(default=0.0, description="Seconds spent writing parts.")
 
 
 class PartWriter:

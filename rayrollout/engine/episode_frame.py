@@ -12,6 +12,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from rayrollout.agentkit import POLICY, Agent, AgentEpisode, EpisodeEnd, OutOfTurns
 from rayrollout.agentkit.episode import GatewayOpener
@@ -74,17 +75,7 @@ async def run_episode(
     task = spec.task
     started = time.perf_counter()
     tools = task.tools if task.tools is not None else env_cls.tool_schemas()
-    trajectory = Trajectory(
-        task_id=task.task_id,
-        sample_index=spec.sample_index,
-        group_id=task.task_id,
-        environment=task.environment,
-        worker=worker_name,
-        played_by=played_by,
-        model=policy.config.model,
-        tools=tools,
-        task_fields=task.fields,
-    )
+    trajectory = spec_row(spec, worker_name, played_by, model=policy.config.model, tools=tools)
     metrics = trajectory.metrics
     metrics.started_at = time.time()
     if spec.queued_at:
@@ -172,6 +163,14 @@ def failed_trajectory(
     spec: EpisodeSpec, worker_name: str, error: str, played_by: str = ""
 ) -> Trajectory:
     """The row of an episode that could not even start."""
+    return spec_row(
+        spec, worker_name, played_by, messages=list(spec.task.prompt), status="error", error=error
+    )
+
+
+def spec_row(spec: EpisodeSpec, worker_name: str, played_by: str, **fields: Any) -> Trajectory:
+    """A row of ``spec``'s task and sample (its group is the task), played by ``played_by``
+    on ``worker_name``, with ``fields`` besides."""
     task = spec.task
     return Trajectory(
         task_id=task.task_id,
@@ -180,8 +179,6 @@ def failed_trajectory(
         environment=task.environment,
         worker=worker_name,
         played_by=played_by,
-        messages=list(task.prompt),
-        status="error",
-        error=error,
         task_fields=task.fields,
+        **fields,
     )

@@ -24,9 +24,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from rayrollout.data.figures import Figures
 from rayrollout.data.schema import Task, Trajectory
 from rayrollout.engine.episode_frame import EpisodeSpec
+from rayrollout.figures import SamplingCounts
 
 __all__ = ["SPREAD_TOLERANCE", "GenerateResult", "Group", "SamplingCounts", "generate_groups"]
 
@@ -97,25 +97,6 @@ class GenerateResult(BaseModel):
     def trajectories(self) -> list[Trajectory]:
         """Every returned trajectory, group by group."""
         return [t for group in self.groups for t in group.trajectories]
-
-
-class SamplingCounts(Figures):
-    """Running totals over ``generate`` calls, for ``stats()``."""
-
-    calls: int = 0
-    episodes: int = 0
-    groups_kept: int = 0
-    groups_dropped: int = 0
-    extra_groups: int = 0
-    batches_short: int = 0
-
-    def add(self, result: GenerateResult, episodes: int) -> None:
-        self.calls += 1
-        self.episodes += episodes
-        self.groups_kept += len(result.groups)
-        self.groups_dropped += result.groups_dropped
-        self.extra_groups += result.extra_groups
-        self.batches_short += result.short_by > 0
 
 
 async def generate_groups(

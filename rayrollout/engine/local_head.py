@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from rayrollout.data.config import RunConfig
-from rayrollout.errors import ClusterError
+from rayrollout.engine.errors import LocalHeadError
 
 __all__ = [
     "HEAD_START_TIMEOUT_S",
@@ -50,10 +50,6 @@ log = logging.getLogger("rayrollout")
 
 HEAD_START_TIMEOUT_S = 180.0  # a loaded 2-core machine took 30 s; a bare one 4 s
 _STOP_GRACE_S = 10.0
-
-
-class LocalHeadError(ClusterError, RuntimeError):
-    """The local Ray head could not be started (its log says why)."""
 
 
 class LocalHead(BaseModel):

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
-from rayrollout.data.figures import Figures
+from rayrollout.figures import Figures
 
 __all__ = ["EnvStats", "RunStats"]
 

@@ -16,9 +16,9 @@ from rayrollout.data.schema import Task
 from rayrollout.data.task_digests import NextSamples
 from rayrollout.engine.episode_frame import EpisodeSpec
 from rayrollout.engine.groups import GenerateResult, SamplingCounts, generate_groups
-from rayrollout.engine.run_figures import EngineStats, PolicyCalls, PolicyState
 from rayrollout.engine.stats import RunStats
 from rayrollout.engine.weights import WeightSync
+from rayrollout.figures import EngineStats, PolicyCalls, PolicyState
 from rayrollout.policy.gate import PauseMode
 
 __all__ = ["TrainingLoopAPI"]

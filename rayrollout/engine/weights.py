@@ -32,7 +32,7 @@ from typing import Any
 
 from rayrollout.client.models import MAX_VERSION
 from rayrollout.data.config import RunConfig
-from rayrollout.errors import InputError
+from rayrollout.engine.errors import WeightsPathError
 from rayrollout.policy.gate import PAUSE_MODES, PauseMode
 from rayrollout.policy.kinds import (
     WeightBackend,
@@ -52,10 +52,6 @@ __all__ = [
 
 _SETTLE_S = 1.0  # how long a pause("interrupt") waits for stopped calls before stopping again
 _SETTLE_TRIES = 120
-
-
-class WeightsPathError(InputError, ValueError):
-    """A checkpoint path ``update_weights`` refuses: the policy was not paused or touched."""
 
 
 def weights_roots(config: RunConfig) -> list[Path]:

@@ -42,8 +42,8 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 from rayrollout.data.config import EpisodeConfig
 from rayrollout.data.images import data_url, image_bytes
 from rayrollout.data.schema import ContentPart, Message, Task, ToolCall
+from rayrollout.envkit.errors import ToolError
 from rayrollout.envkit.tool_args import ToolCallRejected, parse_arguments, unknown_tool
-from rayrollout.errors import EnvironmentBoundaryError
 
 __all__ = [
     "Environment",
@@ -60,10 +60,6 @@ __all__ = [
 
 Hosting = Literal["inline", "serve"]
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
-
-
-class ToolError(EnvironmentBoundaryError):
-    """A tool problem the model is told about (the episode goes on)."""
 
 
 class ToolResult(BaseModel):

@@ -34,7 +34,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from rayrollout.data.config import EnvironmentConfig, load_config
 from rayrollout.data.schema import Task
 from rayrollout.envkit.contract import Environment
-from rayrollout.errors import InputError
+from rayrollout.envkit.errors import (
+    DuplicateEnvironmentError,
+    EnvironmentArgsError,
+    UnknownEnvironmentError,
+)
 from rayrollout.plugins import PluginGroup, Registration
 
 __all__ = [
@@ -52,21 +56,6 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "rayrollout.environments"
-
-
-class UnknownEnvironmentError(InputError, LookupError):
-    """A task or config named an environment that nothing registers."""
-
-
-class DuplicateEnvironmentError(UnknownEnvironmentError):
-    """One name registered for two different classes (entry points, or config and registry).
-
-    A ``LookupError`` like an unknown name: the name cannot be resolved to one class.
-    """
-
-
-class EnvironmentArgsError(InputError, TypeError):
-    """The config's ``args`` do not fit the environment class's constructor."""
 
 
 ENVIRONMENTS = PluginGroup(

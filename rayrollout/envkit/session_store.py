@@ -15,18 +15,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from rayrollout.envkit import Environment
-from rayrollout.errors import EnvironmentBoundaryError
+from rayrollout.envkit.errors import SessionNotOpen
 
 __all__ = ["SessionNotOpen", "SessionStore"]
 
 logger = logging.getLogger(__name__)
 
 _EXPIRED_REMEMBERED = 10_000  # expired ids kept to say "expired" rather than "unknown"
-
-
-class SessionNotOpen(EnvironmentBoundaryError, LookupError):
-    """A replica holds no state for the episode: it was closed, expired, or the replica
-    restarted."""
 
 
 class SessionStore:

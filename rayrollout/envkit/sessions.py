@@ -24,9 +24,9 @@ from ray.exceptions import RayActorError
 from rayrollout.data.config import EnvironmentConfig
 from rayrollout.data.schema import Task
 from rayrollout.envkit.contract import Environment, Episode, ToolResult, Verification
+from rayrollout.envkit.errors import EnvironmentLost, EnvironmentSetupFailed
 from rayrollout.envkit.serve_batching import BatchingHandle, raised_on_replica
 from rayrollout.envkit.session_store import SessionNotOpen
-from rayrollout.errors import EnvironmentBoundaryError
 
 if TYPE_CHECKING:  # Serve costs a worker 0.6 s of imports at start; inline runs never use it
     from ray.serve.handle import DeploymentHandle
@@ -42,14 +42,6 @@ __all__ = [
 ]
 
 HostingMode = Literal["inline", "serve", "remote"]
-
-
-class EnvironmentLost(EnvironmentBoundaryError, RuntimeError):
-    """The episode's replica died or restarted mid-episode; its state is gone (retry it)."""
-
-
-class EnvironmentSetupFailed(EnvironmentBoundaryError, RuntimeError):
-    """The environment's ``setup`` raised on its replica (opening a stateful session)."""
 
 
 @runtime_checkable

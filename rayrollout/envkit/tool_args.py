@@ -23,14 +23,9 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from rayrollout.errors import EnvironmentBoundaryError
+from rayrollout.envkit.errors import ToolCallRejected
 
 __all__ = ["ToolCallRejected", "parse_arguments", "unknown_tool"]
-
-
-class ToolCallRejected(EnvironmentBoundaryError):
-    """A tool call the model got wrong; the message is what the model reads, as an error
-    result (the episode goes on)."""
 
 
 def unknown_tool(name: str, known: Iterable[str]) -> ToolCallRejected:

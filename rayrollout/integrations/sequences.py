@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rayrollout.client.models import TrajectoryRow
-from rayrollout.errors import EpisodesFailedError
+from rayrollout.integrations.errors import TooManyFailuresError
 
 __all__ = [
     "ENVIRONMENT_VERSION",
@@ -153,10 +153,6 @@ def task_row(
     if environment:
         row["environment"] = environment
     return row
-
-
-class TooManyFailuresError(EpisodesFailedError, RuntimeError):
-    """More of a batch's episodes failed than the adapter was told to accept."""
 
 
 def check_failures(sequences: list[Sequence], max_failed_fraction: float) -> list[Sequence]:

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rayrollout.client import RolloutClient
-from rayrollout.errors import InputError, RayrolloutError
+from rayrollout.errors import InputError
+from rayrollout.integrations.errors import TooManyDroppedError
 from rayrollout.integrations.sequences import ENVIRONMENT_VERSION, Sequence, flatten, group_rows
 
 try:
@@ -41,10 +42,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 __all__ = ["RayrolloutRollout", "TooManyDroppedError", "dataset_rows", "episode_reward"]
-
-
-class TooManyDroppedError(RayrolloutError):
-    """More of a batch was failed or stale than the rollout was told to accept."""
 
 
 def prompt_key(prompt: Any) -> str:

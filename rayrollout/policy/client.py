@@ -32,7 +32,7 @@ from rayrollout.data.schema import (
     ToolCall,
     Turn,
 )
-from rayrollout.errors import PolicyBoundaryError
+from rayrollout.policy.errors import PolicyError, PolicyTimeout
 from rayrollout.policy.http import (
     HttpStatusError,
     HttpTimeout,
@@ -58,14 +58,6 @@ __all__ = ["PolicyClient", "PolicyError", "PolicyReply", "PolicyTimeout", "chat_
 
 ABORTED = "abort"
 """The finish reason of a call the server stopped with its tokens kept (vLLM's)."""
-
-
-class PolicyError(PolicyBoundaryError, RuntimeError):
-    """The policy server failed (after retries) or answered something unusable."""
-
-
-class PolicyTimeout(PolicyError):
-    """The policy server did not answer in time (after retries)."""
 
 
 class _NotRaised(PolicyError):

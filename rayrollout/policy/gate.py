@@ -30,16 +30,13 @@ from typing import Any, Literal
 
 from rayrollout.data.schema import Turn
 from rayrollout.policy.client import ABORTED, PolicyError, PolicyReply
+from rayrollout.policy.errors import StaleEpisode
 
 __all__ = ["PauseMode", "PolicyGate", "StaleEpisode"]
 
 PauseMode = Literal["wait", "abort_and_retry", "continue", "interrupt"]
 PAUSE_MODES: tuple[str, ...] = ("wait", "abort_and_retry", "continue", "interrupt")
 MAX_STOPS = 1000  # a server that stops one call more often than this is stuck
-
-
-class StaleEpisode(PolicyError):
-    """The policy moved on more than ``max_staleness`` versions during the episode."""
 
 
 class PolicyGate:

@@ -14,27 +14,11 @@ from typing import Any
 import aiohttp
 import orjson
 
-from rayrollout.errors import PolicyBoundaryError
+from rayrollout.policy.errors import HttpStatusError, HttpTimeout, HttpTransportError
 
 __all__ = ["HttpStatusError", "HttpTimeout", "HttpTransportError", "PolicyHttp"]
 
 _RETRIED_STATUSES = frozenset({408, 409, 429})
-
-
-class HttpStatusError(PolicyBoundaryError):
-    """The server answered an HTTP error status (after retries, where retried)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"HTTP {status}: {message}")
-        self.status, self.message = status, message
-
-
-class HttpTimeout(PolicyBoundaryError):
-    """No answer within the timeout, on every try."""
-
-
-class HttpTransportError(PolicyBoundaryError):
-    """The connection failed on every try (refused, reset, DNS)."""
 
 
 class PolicyHttp:

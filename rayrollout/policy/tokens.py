@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rayrollout.data.schema import FunctionCall, ToolCall
-from rayrollout.errors import PolicyBoundaryError
+from rayrollout.policy.errors import TemplateError
 
 __all__ = [
     "DeltaRenderer",
@@ -81,10 +81,6 @@ def chat_template_tokenizer(name_or_path: str) -> Tokenize:
         return [int(i) for i in ids]
 
     return tokenize
-
-
-class TemplateError(PolicyBoundaryError, ValueError):
-    """The chat template cannot give exact token deltas (it is not append-only)."""
 
 
 def first_mismatch(kept: list[int], prompt: list[int]) -> int | None:

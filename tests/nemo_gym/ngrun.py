@@ -61,11 +61,18 @@ def resources_server_block(name: str, port: int) -> dict[str, Any]:
 
 def front_model_block(front_port: int) -> dict[str, Any]:
     """A ``policy_model`` block: NeMo Gym's ``openai_model`` model server pointed at
-    rayrollout's gateway front on 127.0.0.1:``front_port``."""
+    rayrollout's gateway front on 127.0.0.1:``front_port`` (which reads each episode's key
+    from the metadata, so the block's key is unused)."""
+    return policy_model_block(f"http://127.0.0.1:{front_port}/v1", "unused")
+
+
+def policy_model_block(base_url: str, api_key: str = "not-needed") -> dict[str, Any]:
+    """A ``policy_model`` block: NeMo Gym's ``openai_model`` model server pointed at the
+    OpenAI-compatible ``base_url`` (the scripted policy's), sending ``api_key``."""
     model = {
         "entrypoint": "app.py",
-        "openai_base_url": f"http://127.0.0.1:{front_port}/v1",
-        "openai_api_key": "unused",  # the front reads each episode's key from the metadata
+        "openai_base_url": base_url,
+        "openai_api_key": api_key,
         "openai_model": "scripted",
         "openai_default_headers": {},
     }
@@ -192,6 +199,36 @@ class NemoGymRun:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def collect_rollouts(
+        self, agent: str, tasks: Path, output: Path
+    ) -> subprocess.CompletedProcess[str]:
+        """NeMo Gym's own ``ng_collect_rollouts`` of ``tasks`` through ``agent``, into ``output``;
+        past 10 minutes it fails the test with ng_run's log."""
+        try:
+            return self._collect_rollouts(agent, tasks, output)
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(
+                f"ng_collect_rollouts hung; ng_run's log:\n{self.log()[-5000:]}"
+            ) from exc
+
+    def _collect_rollouts(
+        self, agent: str, tasks: Path, output: Path
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                str(NG_VENV / "bin" / "ng_collect_rollouts"),
+                f"+agent_name={agent}",
+                f"+input_jsonl_fpath={tasks}",
+                f"+output_jsonl_fpath={output}",
+                f"+head_server={{host: 127.0.0.1, port: {self.head_port}}}",
+            ],
+            cwd=self.workdir,
+            env=self.environment(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
 
     def server_pid(self, process_name: str) -> int:
         """The PID ng_run printed for the server under top-level key ``process_name``."""

@@ -11,15 +11,15 @@ asks the resources server for ``/aggregate_metrics``.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import requests
 import yaml
-from ngrun import NG_VENV, NemoGymRun, free_port
-from ray import serve
+from ngrun import NemoGymRun, free_port, policy_model_block
+from served_policy import scripted_policy_on_serve
 from typer.testing import CliRunner
 
 from rayrollout.cli.commands import app as cli_app
@@ -65,15 +65,10 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def policy_url(serve_session: int) -> str:
-    from rayrollout.auth import RouteAuth
-    from rayrollout.deployments.scripted import scripted_policy_app
-
+def policy_url(serve_session: int) -> Iterator[str]:
     # NeMo Gym's openai_model sends its openai_api_key (below) as the bearer token.
-    app = scripted_policy_app(auth=RouteAuth.bearer("not-needed"))
-    serve.run(app, name="ng-agents-policy", route_prefix="/ng-agents-policy")
-    yield f"http://127.0.0.1:{serve_session}/ng-agents-policy/v1"
-    serve.delete("ng-agents-policy")
+    with scripted_policy_on_serve("ng-agents-policy", serve_session, "not-needed") as url:
+        yield url
 
 
 def _config(environment: str, policy: str, port: int) -> dict:
@@ -84,20 +79,7 @@ def _config(environment: str, policy: str, port: int) -> dict:
     )
     assert printed.exit_code == 0, printed.output
     assert f"NEMO_GYM_EXTRA_ROOTS={nemo_gym_root()}" in printed.output.splitlines()[0]
-    model = {
-        "policy_model": {
-            "responses_api_models": {
-                "openai_model": {
-                    "entrypoint": "app.py",
-                    "openai_base_url": policy,
-                    "openai_api_key": "not-needed",
-                    "openai_model": "scripted",
-                    "openai_default_headers": {},
-                }
-            }
-        }
-    }
-    return {**model, **yaml.safe_load(printed.output)}
+    return {**policy_model_block(policy), **yaml.safe_load(printed.output)}
 
 
 def _wait_until_deployed(url: str, timeout_s: float = 300.0) -> None:
@@ -134,24 +116,7 @@ def test_ng_collect_rollouts_plays_a_rayrollout_environment_with_simple_agent(
         # env serve and its Ray: stop() gives them time to end on their own
         ours = run.watch(descendants(run.server_pid(f"rayrollout_{environment}")))
         output = tmp_path / "rollouts.jsonl"
-        collected = subprocess.run(
-            [
-                str(NG_VENV / "bin" / "ng_collect_rollouts"),
-                f"+agent_name={environment}_simple_agent",
-                f"+input_jsonl_fpath={tasks}",
-                f"+output_jsonl_fpath={output}",
-                f"+head_server={{host: 127.0.0.1, port: {run.head_port}}}",
-            ],
-            cwd=tmp_path,
-            env=run.environment(),
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise AssertionError(
-            f"ng_collect_rollouts hung; ng_run's log:\n{run.log()[-5000:]}"
-        ) from exc
+        collected = run.collect_rollouts(f"{environment}_simple_agent", tasks, output)
     finally:
         run.stop()
     log = collected.stdout[-3000:] + collected.stderr[-3000:]

@@ -19,18 +19,15 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
-from ngrun import NG_VENV, NemoGymRun, free_port, resources_server_block
-from ray import serve
-from typer.testing import CliRunner
-
-from rayrollout.cli.commands import app as cli_app
+from cli_run import collect_tasks
+from ngrun import NemoGymRun, free_port, policy_model_block, resources_server_block
+from served_policy import scripted_policy_on_serve
 
 HIT, STAND = "<action>hit</action>", "<action>stand</action>"
 SCRIPTS = [[STAND], [HIT, STAND], [HIT, HIT, STAND], [HIT]]  # the last one hits to a bust
@@ -77,21 +74,12 @@ def _codes(run: NemoGymRun, route: str) -> list[str]:
 def _collect(
     tmp_path: Path, tasks: Path, url: str, port: int, *flags: str, exit_code: int = 0
 ) -> pd.DataFrame:
-    config = tmp_path / "run.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {"namespace": f"ng-bj-{tmp_path.name[-8:]}", "ray": {"serve_port": port},
-             "episode": {"max_turns": 20}}
-        )
-    )  # fmt: skip
-    out = tmp_path / "out"
-    result = CliRunner().invoke(
-        cli_app,
-        ["collect", str(tasks), "--env", "blackjack", "--env-url", f"blackjack={url}",
-         "--out", str(out), "--config", str(config), *flags],
-    )  # fmt: skip
-    assert result.exit_code == exit_code, f"{result.output}\n{result.exception!r}"
-    return pd.read_parquet(out)
+    namespace = f"ng-bj-{tmp_path.name[-8:]}"
+    config = {"namespace": namespace, "ray": {"serve_port": port}, "episode": {"max_turns": 20}}
+    env = ["--env", "blackjack", "--env-url", f"blackjack={url}"]
+    return pd.read_parquet(
+        collect_tasks(tmp_path, tasks, config, *env, *flags, exit_code=exit_code)
+    )
 
 
 def test_nemo_gyms_own_blackjack_rows_play_with_no_agent_flag(
@@ -168,14 +156,9 @@ MULTI_TURN = "example_multi_turn_gymnasium"
 
 @pytest.fixture(scope="module")
 def policy_url(serve_session: int) -> Iterator[str]:
-    from rayrollout.auth import RouteAuth
-    from rayrollout.deployments.scripted import scripted_policy_app
-
     # NeMo Gym's openai_model sends its openai_api_key (below) as the bearer token.
-    app = scripted_policy_app(auth=RouteAuth.bearer("not-needed"))
-    serve.run(app, name="ng-gym-policy", route_prefix="/ng-gym-policy")
-    yield f"http://127.0.0.1:{serve_session}/ng-gym-policy/v1"
-    serve.delete("ng-gym-policy")
+    with scripted_policy_on_serve("ng-gym-policy", serve_session, "not-needed") as url:
+        yield url
 
 
 def _multi_turn_rows(ng_src: Path, path: Path) -> list[dict]:
@@ -204,35 +187,12 @@ def test_the_same_rows_and_replies_score_as_nemo_gyms_own_gymnasium_agent(
     for name, block in agent_config.items():
         if name != MULTI_TURN:  # its gymnasium_agent and that agent's environment server
             blocks[name] = block
-    blocks["policy_model"] = {
-        "responses_api_models": {
-            "openai_model": {
-                "entrypoint": "app.py",
-                "openai_base_url": policy_url,
-                "openai_api_key": "not-needed",
-                "openai_model": "scripted",
-                "openai_default_headers": {},
-            }
-        }
-    }
+    blocks.update(policy_model_block(policy_url))
     run = NemoGymRun(blocks, tmp_path)
     output = tmp_path / "rollouts.jsonl"
     try:
         run.start()
-        collected = subprocess.run(
-            [
-                str(NG_VENV / "bin" / "ng_collect_rollouts"),
-                f"+agent_name={MULTI_TURN}_agent",
-                f"+input_jsonl_fpath={tasks}",
-                f"+output_jsonl_fpath={output}",
-                f"+head_server={{host: 127.0.0.1, port: {run.head_port}}}",
-            ],
-            cwd=tmp_path,
-            env=run.environment(),
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        collected = run.collect_rollouts(f"{MULTI_TURN}_agent", tasks, output)
         assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-3000:]
         # No --agent: the rows' agent_ref names a gymnasium_agent, which reset_step plays.
         ours = _collect(tmp_path, tasks, f"http://127.0.0.1:{port}", serve_session)

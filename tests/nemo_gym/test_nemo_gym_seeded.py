@@ -32,11 +32,10 @@ import pandas as pd
 import pytest
 import requests
 import yaml
-from ngrun import NG_VENV, NemoGymRun, free_port, resources_server_block
-from ray import serve
-from typer.testing import CliRunner
+from cli_run import collect_tasks
+from ngrun import NemoGymRun, free_port, policy_model_block, resources_server_block
+from served_policy import scripted_policy_on_serve
 
-from rayrollout.cli.commands import app as cli_app
 from rayrollout.data.tasks import UNSUPPORTED
 
 SERVER = "toolsandbox"
@@ -74,14 +73,9 @@ def toolsandbox_env(ng_python: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def policy_url(serve_session: int) -> Iterator[str]:
-    from rayrollout.auth import RouteAuth
-    from rayrollout.deployments.scripted import scripted_policy_app
-
     # NeMo Gym's openai_model sends its openai_api_key (below) as the bearer token.
-    app = scripted_policy_app(auth=RouteAuth.bearer("not-needed"))
-    serve.run(app, name="ng-seed-policy", route_prefix="/ng-seed-policy")
-    yield f"http://127.0.0.1:{serve_session}/ng-seed-policy/v1"
-    serve.delete("ng-seed-policy")
+    with scripted_policy_on_serve("ng-seed-policy", serve_session, "not-needed") as url:
+        yield url
 
 
 def _blocks(ng_src: Path, port: int, policy_url: str) -> dict:
@@ -99,36 +93,15 @@ def _blocks(ng_src: Path, port: int, policy_url: str) -> dict:
     settings["datasets"] = [d for d in settings["datasets"] if d["name"] == "example"]
     blocks["toolsandbox_agent"] = agent["toolsandbox_agent"]
     blocks["toolsandbox_agent_environment_server"] = config["toolsandbox_agent_environment_server"]
-    blocks["policy_model"] = {
-        "responses_api_models": {
-            "openai_model": {
-                "entrypoint": "app.py",
-                "openai_base_url": policy_url,
-                "openai_api_key": "not-needed",
-                "openai_model": "scripted",
-                "openai_default_headers": {},
-            }
-        }
-    }
+    blocks.update(policy_model_block(policy_url))
     return blocks
 
 
 def _collect(tmp_path: Path, tasks: Path, url: str, port: int, exit_code: int = 0) -> pd.DataFrame:
-    config = tmp_path / "run.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {"namespace": f"ng-seed-{tmp_path.name[-8:]}", "ray": {"serve_port": port},
-             "episode": {"max_turns": 30}}
-        )
-    )  # fmt: skip
-    out = tmp_path / "out"
-    result = CliRunner().invoke(
-        cli_app,
-        ["collect", str(tasks), "--env", SERVER, "--env-url", f"{SERVER}={url}",
-         "--agent", "reset_step", "--out", str(out), "--config", str(config)],
-    )  # fmt: skip
-    assert result.exit_code == exit_code, result.output
-    return pd.read_parquet(out)
+    namespace = f"ng-seed-{tmp_path.name[-8:]}"
+    config = {"namespace": namespace, "ray": {"serve_port": port}, "episode": {"max_turns": 30}}
+    flags = ["--env", SERVER, "--env-url", f"{SERVER}={url}", "--agent", "reset_step"]
+    return pd.read_parquet(collect_tasks(tmp_path, tasks, config, *flags, exit_code=exit_code))
 
 
 def test_toolsandbox_rows_play_from_its_seed_and_score_as_its_own_agent(
@@ -156,20 +129,7 @@ def test_toolsandbox_rows_play_from_its_seed_and_score_as_its_own_agent(
             openings[row["task_idx"]] = (answer["obs"], answer["tools"], answer["scenario"])
             requests.post(f"{url}/close", json={"env_id": answer["env_id"]}, timeout=120)
         ours = _collect(tmp_path, tasks, url, serve_session)
-        collected = subprocess.run(
-            [
-                str(NG_VENV / "bin" / "ng_collect_rollouts"),
-                "+agent_name=toolsandbox_agent",
-                f"+input_jsonl_fpath={tasks}",
-                f"+output_jsonl_fpath={output}",
-                f"+head_server={{host: 127.0.0.1, port: {run.head_port}}}",
-            ],
-            cwd=tmp_path,
-            env=run.environment(),
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        collected = run.collect_rollouts("toolsandbox_agent", tasks, output)
         assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-3000:]
     finally:
         run.stop()

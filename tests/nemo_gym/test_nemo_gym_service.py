@@ -12,13 +12,12 @@ NeMo Gym writes must carry exactly those.
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from ngrun import NG_VENV, NemoGymRun
+from ngrun import NemoGymRun
 
 from rayrollout import RunConfig
 from rayrollout.api.cluster import down, service_url, start_detached
@@ -73,24 +72,7 @@ def test_ng_collect_rollouts_drives_the_rollout_service_through_the_shipped_agen
     output = tmp_path / "rollouts.jsonl"
     try:
         run.start()
-        collected = subprocess.run(
-            [
-                str(NG_VENV / "bin" / "ng_collect_rollouts"),
-                "+agent_name=rayrollout_agent",
-                f"+input_jsonl_fpath={tasks}",
-                f"+output_jsonl_fpath={output}",
-                f"+head_server={{host: 127.0.0.1, port: {run.head_port}}}",
-            ],
-            cwd=tmp_path,
-            env=run.environment(),
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise AssertionError(
-            f"ng_collect_rollouts hung; ng_run's log:\n{run.log()[-5000:]}"
-        ) from exc
+        collected = run.collect_rollouts("rayrollout_agent", tasks, output)
     finally:
         run.stop()
     log = collected.stdout[-3000:] + collected.stderr[-3000:] + run.log()[-3000:]

@@ -10,7 +10,9 @@ appear unchanged.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,22 @@ def trainer_env() -> dict[str, str]:
     """The environment for a trainer venv's process: without the PYTHONPATH the test session
     sets (it holds tests/, whose vllm folder a trainer would take for vLLM)."""
     return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+
+
+def run_driver(trainer: str, script: str, *args: str | Path, out: Path, timeout: int = 540) -> Any:
+    """Run ``script`` (a driver beside this module) with ``args`` in the ``trainer`` venv, in
+    ``out``'s folder; the JSON record it wrote to ``out``. Its stderr's end names a failure."""
+    python = trainer_python(trainer)
+    done = subprocess.run(
+        [str(python), str(HERE / script), *map(str, args)],
+        capture_output=True,
+        env=trainer_env(),
+        cwd=out.parent,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(out.read_text())
 
 
 def expected(row: dict[str, Any]) -> tuple[list[int], list[int], list[int], list[float]]:

@@ -8,11 +8,10 @@ service streamed (``vllm`` mocked, as OpenRLHF's own tests mock it)."""
 from __future__ import annotations
 
 import json
-import subprocess
 from collections import Counter
 
 import pytest
-from checks import HERE, ROOT, check, check_versions, trainer_env, trainer_python
+from checks import ROOT, check, check_versions, run_driver
 
 pytestmark = [pytest.mark.trainers, pytest.mark.timeout(600)]
 
@@ -20,30 +19,15 @@ AGENT = ROOT / "rayrollout" / "integrations" / "openrlhf.py"
 SAMPLES = 16
 
 
-def run_driver(service, tmp_path) -> dict:  # noqa: ANN001
-    python = trainer_python("openrlhf")
+def run_openrlhf(service, tmp_path) -> dict:  # noqa: ANN001
     out = tmp_path / "openrlhf.json"
-    done = subprocess.run(
-        [
-            str(python),
-            str(HERE / "openrlhf_driver.py"),
-            service["url"],
-            service["token"],
-            str(AGENT),
-            str(out),
-        ],
-        capture_output=True,
-        env=trainer_env(),
-        cwd=tmp_path,
-        text=True,
-        timeout=540,
+    return run_driver(
+        "openrlhf", "openrlhf_driver.py", service["url"], service["token"], AGENT, out, out=out
     )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(out.read_text())
 
 
 def test_openrlhf_experiences_from_the_agent_executor_equal_the_rows(service, tmp_path):
-    record = run_driver(service, tmp_path)
+    record = run_openrlhf(service, tmp_path)
     assert record["executor"] == "agent_module.AgentExecutor"  # loaded by OpenRLHF, by path
     assert record["engine_calls"] == 0  # OpenRLHF's vLLM never generated
     samples = record["samples"]

@@ -4,29 +4,17 @@ Ray), its ``prepare_generator_input`` feeds ``RayrolloutGenerator``, whose outpu
 
 from __future__ import annotations
 
-import json
-import subprocess
 from collections import Counter
 
 import pytest
-from checks import HERE, check, check_versions, trainer_env, trainer_python
+from checks import check, check_versions, run_driver
 
 pytestmark = [pytest.mark.trainers, pytest.mark.timeout(600)]
 
 
 def test_skyrl_generator_output_is_validated_by_skyrl_and_equals_the_rows(service, tmp_path):
-    python = trainer_python("skyrl")
     out = tmp_path / "skyrl.json"
-    done = subprocess.run(
-        [str(python), str(HERE / "skyrl_driver.py"), service["url"], service["token"], str(out)],
-        capture_output=True,
-        env=trainer_env(),
-        cwd=tmp_path,
-        text=True,
-        timeout=540,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    record = json.loads(out.read_text())
+    record = run_driver("skyrl", "skyrl_driver.py", service["url"], service["token"], out, out=out)
     rows = record["rows"]
     assert len(rows) == len(record["response_ids"]) == 16
     # SkyRL's order: each uid 4 times, repetition ids 0..3; one row per (task, sample).

@@ -7,35 +7,24 @@ benchmark's job, not this test's.)"""
 
 from __future__ import annotations
 
-import json
-import subprocess
-
 import pytest
-from checks import HERE, check, check_versions, trainer_env, trainer_python
+from checks import check, check_versions, run_driver
 
 pytestmark = [pytest.mark.trainers, pytest.mark.timeout(900)]
 
 
 def test_trl_grpo_trains_on_rayrollout_rollouts_and_pushes_weights(service, tmp_path):
-    python = trainer_python("trl")
     out = tmp_path / "trl.json"
-    done = subprocess.run(
-        [
-            str(python),
-            str(HERE / "trl_driver.py"),
-            service["url"],
-            service["token"],
-            str(out),
-            str(tmp_path),
-        ],
-        capture_output=True,
-        env=trainer_env(),
-        cwd=tmp_path,
-        text=True,
+    record = run_driver(
+        "trl",
+        "trl_driver.py",
+        service["url"],
+        service["token"],
+        out,
+        tmp_path,
+        out=out,
         timeout=840,
     )
-    assert done.returncode == 0, done.stderr[-4000:]
-    record = json.loads(out.read_text())
     calls = record["calls"]
     assert len(calls) >= 2
     problems = []

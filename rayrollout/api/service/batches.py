@@ -27,17 +27,13 @@ import time
 from collections import deque
 from typing import Any
 
+from rayrollout.api.errors import CursorGoneError
 from rayrollout.api.service.journal import BatchJournal
 from rayrollout.client.models import BatchStatus, Limits, RowError
 from rayrollout.engine.episode_frame import EpisodeSpec
 from rayrollout.engine.streaming import StreamedRow
-from rayrollout.errors import InputError
 
 __all__ = ["Batch", "BatchRegistry", "CursorGoneError", "fingerprint"]
-
-
-class CursorGoneError(InputError, LookupError):
-    """A stream asked for rows below what the client already acknowledged (freed)."""
 
 
 def fingerprint(tasks: list[dict[str, Any]], n: int, write: bool | None) -> str:

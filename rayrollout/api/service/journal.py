@@ -31,7 +31,7 @@ from typing import IO, Any
 
 import orjson
 
-from rayrollout.errors import InputError
+from rayrollout.api.errors import OpenJournalsError
 
 __all__ = [
     "BATCHES_DIR",
@@ -46,10 +46,6 @@ __all__ = [
 
 BATCHES_DIR = "_batches"
 _META, _ROWS, _ACKED = "batch.json", "rows.jsonl", "acked"
-
-
-class OpenJournalsError(InputError, FileExistsError):
-    """``rayrollout up`` without ``--resume`` over a folder holding unfinished batches."""
 
 
 def journal_root(output_dir: str | Path) -> Path:

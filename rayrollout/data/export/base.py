@@ -6,15 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rayrollout.errors import InputError
+from rayrollout.data.errors import ExportError
 
 __all__ = ["KINDS", "ExportError", "ExportSummary"]
 
 KINDS = ("sft", "dpo", "nemo-gym", "verl")
-
-
-class ExportError(InputError, ValueError):
-    """The input cannot be exported: a missing folder, no rows, a bad row, a bad option."""
 
 
 @dataclass

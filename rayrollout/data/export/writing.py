@@ -15,7 +15,7 @@ from typing import Any, TextIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rayrollout.data.export.base import ExportError
+from rayrollout.data.errors import LateImages
 from rayrollout.data.images import decode_data_url
 
 __all__ = ["SCHEMAS", "LateImages", "with_images", "write_rows", "write_routed"]
@@ -75,10 +75,6 @@ SCHEMAS: dict[str, pa.Schema] = {
 _IMAGES = pa.list_(pa.struct([("bytes", pa.binary()), ("path", _TEXT)]))
 # What datasets writes for a List(Image()) column; the other columns' types it reads from Arrow.
 _IMAGES_FEATURES = {"images": {"feature": {"_type": "Image"}, "_type": "List"}}
-
-
-class LateImages(ExportError):  # noqa: N818 (a signal ``export_run`` handles, not a fault)
-    """A row with images came after rows were written without the ``images`` column."""
 
 
 def with_images(schema: pa.Schema) -> pa.Schema:

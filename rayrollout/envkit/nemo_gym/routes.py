@@ -25,6 +25,7 @@ from rayrollout.data.responses import items_to_messages
 from rayrollout.data.schema import Message, Task
 from rayrollout.data.tasks import InvalidTaskError, parse_task_row
 from rayrollout.envkit import Environment, Episode, ToolResult, Verification
+from rayrollout.envkit.errors import EnvironmentRoutingError
 from rayrollout.envkit.nemo_gym.aggregate_metrics import aggregate_metrics
 from rayrollout.envkit.nemo_gym.client import PROTOCOL_ROUTES
 from rayrollout.envkit.serve_batching import raised_on_replica
@@ -143,10 +144,6 @@ async def _assigned(send: Callable[[], Any], what: str) -> Any:
         f"{what}: Ray Serve's router gave the call to no replica in {_ASSIGN_TRIES} tries of "
         f"{_ASSIGN_TIMEOUT_S:.0f} s; send it again"
     )
-
-
-class EnvironmentRoutingError(EnvironmentBoundaryError, RuntimeError):
-    """A forwarded call of an HTTP session found no replica (Ray's router dropped it)."""
 
 
 class _LocalCalls:

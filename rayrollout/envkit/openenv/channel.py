@@ -11,21 +11,9 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rayrollout.envkit.reset_step.protocol import ResetStepError
-from rayrollout.errors import EnvironmentBoundaryError
+from rayrollout.envkit.errors import ActionRejected, OpenEnvError
 
 __all__ = ["ActionRejected", "OpenEnvChannel", "OpenEnvError", "Payload"]
-
-
-class OpenEnvError(ResetStepError):
-    """An OpenEnv environment failed, its server refused the session, or the session was
-    lost mid-episode; the message names the environment and what failed."""
-
-
-class ActionRejected(EnvironmentBoundaryError, ValueError):
-    """The action did not fit the environment's action class: its validation errors, for
-    the model to read (as ``ToolError`` is). Not an environment failure: nothing was
-    stepped, and the episode goes on."""
 
 
 class Payload(BaseModel):

@@ -12,7 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from rayrollout.data.schema import Message
-from rayrollout.errors import EnvironmentBoundaryError
+from rayrollout.envkit.errors import ResetStepError
 
 __all__ = [
     "Opening",
@@ -22,11 +22,6 @@ __all__ = [
     "reset_step_session",
     "step_details",
 ]
-
-
-class ResetStepError(EnvironmentBoundaryError, RuntimeError):
-    """A reset/step environment failed (could not be made, reset or stepped, or gave a
-    reward that is not a finite number); the message names the source and its id."""
 
 
 class Opening(BaseModel):

@@ -1,0 +1,38 @@
+"""``rayrollout collect`` run the way a user runs it, for test modules (a plain module, not a
+conftest: its names import the same whichever conftest pytest loaded last)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from typer.testing import CliRunner
+
+from rayrollout.cli.commands import app
+
+
+def collect_rows(
+    base: Path, rows: list[dict[str, Any]], config: dict[str, Any], *args: str
+) -> Path:
+    """``rayrollout collect`` of ``rows`` (written to ``base/tasks.jsonl``) with ``config``
+    and the flags ``args``: ``collect_tasks`` of that file."""
+    tasks = base / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return collect_tasks(base, tasks, config, *args)
+
+
+def collect_tasks(
+    base: Path, tasks: Path, config: dict[str, Any], *args: str, exit_code: int = 0
+) -> Path:
+    """``rayrollout collect`` of the tasks file ``tasks`` with ``config`` (written to
+    ``base/run.yaml``) and the flags ``args``; the output folder, ``base/out``. An exit code
+    other than ``exit_code`` fails the test with the command's output."""
+    config_path = base / "run.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    out = base / "out"
+    command = ["collect", str(tasks), *args, "--out", str(out), "--config", str(config_path)]
+    result = CliRunner().invoke(app, command)
+    assert result.exit_code == exit_code, f"{result.output}\n{result.exception!r}"
+    return out
