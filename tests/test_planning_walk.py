@@ -252,15 +252,16 @@ def test_a_setting_walks_from_collect_to_the_workers_through_each_planning_modul
     assert walk.stays[0][0] == "rayrollout.cli.collect", described
     assert any(m == HANDOFF[0] and HANDOFF[1] in f for m, f in walk.stays), described
     assert not set(walk.entered_twice) & set(PLANNING), described
-    assert len(walk.stays) <= 20 and len(walk.climbs) <= 6, described
+    assert not walk.entered_twice, described
+    assert len(walk.stays) <= 12 and len(walk.climbs) <= 2, described
 
 
 @pytest.mark.xfail(
     strict=True,
-    reason="three climbs are left: the policy kind's check runs between --agent's and the "
-    "output folder's (the order a user meets mistakes in), the rows' environment check is "
-    "called back from data.tasks, and the engine's startup and secret_env each ask "
-    "policy.kinds again",
+    reason="one climb is left beside the command line's: the policy kind is asked once "
+    "(policy.kinds.checked_policy), with the run's config, before the engine is handed it; "
+    "asking it without the config would change the PolicyKind contract (check, interrupt, "
+    "deploys and build_app take the config)",
 )
 @pytest.mark.parametrize("setting", ["concurrency", "policy_url"])
 def test_a_setting_walks_down_in_one_pass(walks, setting):

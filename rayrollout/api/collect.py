@@ -45,9 +45,12 @@ from rayrollout.data.tasks import (
     UniqueTaskIds,
     check_rows,
     iter_task_rows,
+    parse_rows,
 )
 from rayrollout.engine.run_figures import RunSnapshot
 from rayrollout.engine.stats import EnvStats
+from rayrollout.errors import InputError
+from rayrollout.policy.kinds import CheckedPolicy, checked_policy
 
 __all__ = [
     "HEAD_ROWS",
@@ -82,6 +85,7 @@ def plan_collect(
     *,
     before_start: bool = False,
     require_key: bool = False,
+    policy: CheckedPolicy | None = None,
 ) -> CollectPlan:
     """Check a collection's setup, then its first rows, before anything starts.
 
@@ -103,6 +107,9 @@ def plan_collect(
             started, the command line).
         require_key: An external policy without its key's variable set is an error (the
             command line); else a server that refuses to answer without one is.
+        policy: The policy kind as already checked for this config (``RolloutEngine``'s);
+            None: asked here, once (``policy.kinds.checked_policy``), and kept as the plan's
+            ``policy`` for the engine that runs it.
 
     Raises:
         InvalidTasksError: bad rows in the head and not ``skip_invalid``; nothing has started.
@@ -121,6 +128,7 @@ def plan_collect(
         if num_repeats:
             source.num_repeats = num_repeats
         return source
+    checked: CheckedPolicy | InputError = policy if policy is not None else _ask_policy(config)
     repeats = num_repeats or config.num_repeats
     if config.resume and config.output.overwrite:
         raise ConfigError(
@@ -142,8 +150,9 @@ def plan_collect(
             raise TasksFileError(str(exc)) from None
     elif isinstance(source, (str, Path)):
         source = check_tasks_file(source)  # before the checks that need no rows
-    external, key = check_setup(config, before_start=before_start, require_key=require_key)
+    external, key = check_setup(config, checked, before_start=before_start, require_key=require_key)
     plan = CollectPlan("<rows>", repeats, limit=config.limit, skip_invalid=config.skip_invalid)
+    plan.policy = checked if isinstance(checked, CheckedPolicy) else None
     if shards is not None or isinstance(source, (str, Path)):
         plan.source = shards.spec if shards is not None else str(source)
         raw = shards.local_rows(HEAD_ROWS) if shards is not None else _file_rows(Path(plan.source))
@@ -153,14 +162,13 @@ def plan_collect(
         if before_start:
             probe(config, external, key)
         check = RowEnvironmentCheck(config)
-        rows = check_rows(
+        parsed = parse_rows(
             itertools.chain([first], raw),
             default_environment=config.environment,
-            check_environment=check,
-            unique=plan.ids,
             shards=shards is not None,
             base_dir=None if shards is not None else Path(plan.source).parent,
         )
+        rows = check.rows(parsed, plan.ids)  # each environment judged here, then the id
         plan._hint = check.hint
         _read_head(plan, rows, HEAD_ROWS)
         check.started = True  # the rest is read once the run has started
@@ -190,6 +198,16 @@ def plan_collect(
         plan.complete = False
         plan._rest = rows
     return plan
+
+
+def _ask_policy(config: RunConfig) -> CheckedPolicy | InputError:
+    """The run's policy kind, asked once before the checks (``checked_policy``), or what it
+    refused: ``check_setup`` raises a refusal in its place, after ``--env`` and ``--agent``,
+    so the first error a user meets is the same whichever check asked first."""
+    try:
+        return checked_policy(config)
+    except InputError as exc:
+        return exc
 
 
 def _read_head(plan: CollectPlan, rows: Iterator[CheckedRow], most: int | None) -> None:
@@ -229,13 +247,8 @@ def _shard_rest(
     (one id set across the whole set); called when the tasks start streaming, Ray up."""
 
     def open_rest() -> Iterator[CheckedRow]:
-        return check_rows(
-            shards.stream(),
-            default_environment=config.environment,
-            check_environment=check,
-            unique=unique,
-            shards=True,
-        )
+        parsed = parse_rows(shards.stream(), default_environment=config.environment, shards=True)
+        return check.rows(parsed, unique)
 
     return open_rest
 

@@ -18,6 +18,7 @@ from rayrollout.data.schema import Task
 from rayrollout.data.tasks import CheckedRow, InvalidTaskError, UniqueTaskIds
 from rayrollout.engine.episode_frame import EpisodeSpec
 from rayrollout.errors import InputError
+from rayrollout.policy.kinds import CheckedPolicy
 
 __all__ = [
     "MAX_ERRORS_SHOWN",
@@ -135,6 +136,8 @@ class CollectPlan:
         on_reject: Called with each row left out once the run streams (the command line
             prints them).
         ids: The ids the rows claimed so far, as digests (``UniqueTaskIds``).
+        policy: The run's policy kind as the planning checked it (``CheckedPolicy``), handed
+            to the engine that runs the plan so that nothing asks the kind again.
     """
 
     def __init__(
@@ -157,6 +160,7 @@ class CollectPlan:
         self.written: WrittenKeys = set()
         self.on_reject: Callable[[InvalidTaskError], None] | None = None
         self.ids = UniqueTaskIds()
+        self.policy: CheckedPolicy | None = None
         self._rest: Iterator[CheckedRow] = iter(())
         self._open_rest: Callable[[], Iterator[CheckedRow]] | None = None  # once Ray is up
         self._pending: list[Reject] = []  # the head's rejects, written once the folder opens

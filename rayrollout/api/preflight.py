@@ -19,7 +19,7 @@ import os
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from rayrollout.agentkit.registry import (
 )
 from rayrollout.data.config import ConfigError, RunConfig
 from rayrollout.data.schema import Task
-from rayrollout.data.tasks import RowRefused
+from rayrollout.data.tasks import CheckedRow, InvalidTaskError, RowRefused, UniqueTaskIds, claim_row
 from rayrollout.envkit.contract import Environment
 from rayrollout.envkit.registry import (
     ENTRY_POINT_GROUP,
@@ -46,7 +46,7 @@ from rayrollout.envkit.registry import (
     load_environment,
 )
 from rayrollout.errors import InputError
-from rayrollout.policy.kinds import check_policy, policy_kind
+from rayrollout.policy.kinds import CheckedPolicy, policy_kind
 
 __all__ = [
     "PROBE_TIMEOUT_S",
@@ -70,6 +70,7 @@ __all__ = [
     "check_setup",
     "check_task_agents",
     "check_tasks_file",
+    "detect_server_protocols",
     "environment_config_problem",
     "environment_known",
     "environment_unavailable",
@@ -79,6 +80,7 @@ __all__ = [
     "probe",
     "probe_environment_urls",
     "probe_policy",
+    "server_protocol",
     "unknown_agents_hint",
     "unknown_environments_hint",
 ]
@@ -130,30 +132,40 @@ class PolicyCheckError(PreflightError):
 
 
 def check_setup(
-    config: RunConfig, *, before_start: bool, require_key: bool
+    config: RunConfig,
+    policy: CheckedPolicy | InputError,
+    *,
+    before_start: bool,
+    require_key: bool,
 ) -> tuple[bool, str | None]:
     """The checks that need no rows, cheap and local first: ``--env``, ``--agent`` and the
     policy's kind and settings; with ``before_start``, the output folder and an external
     policy's base URL and key. Returns whether the policy is external (``before_start``
     only; else False) and its key (None: none to send).
 
+    ``policy`` is the kind as the planning asked it once (``policy.kinds.checked_policy``),
+    or what that refused: a refusal is raised here, in its place among the checks.
+
     Raises:
         UnknownEnvironmentError, UnknownAgentError, AgentArgsError: as
             ``check_default_environment`` and ``check_default_agent``.
-        UnknownPolicyKindError, ConfigError: as ``policy.kinds.check_policy``.
+        UnknownPolicyKindError, ConfigError: the refusal ``policy`` holds.
         OutputFolderError, PolicyCheckError: ``before_start`` checks.
     """
     check_default_environment(config)
     check_default_agent(config)
-    external = not check_policy(config).deploys(config)
+    if isinstance(policy, InputError):
+        raise policy
     if not before_start:
         return False, None
     check_output_folder(config)
+    external = not policy.deploys
     return external, check_policy_key(config, require_key) if external else None
 
 
 def probe(config: RunConfig, external: bool, key: str | None) -> None:
-    """The network checks before start: an external policy's endpoint, environment URLs.
+    """The network checks before start: an external policy's endpoint, environment URLs,
+    then what each environment server speaks (``detect_server_protocols``), once per URL.
 
     Raises:
         PolicyCheckError, EnvironmentUrlError: as ``probe_policy``, ``probe_environment_urls``.
@@ -161,6 +173,7 @@ def probe(config: RunConfig, external: bool, key: str | None) -> None:
     if external:
         probe_policy(config, key)
     probe_environment_urls(config)
+    detect_server_protocols(config)
 
 
 # The tasks path.
@@ -345,6 +358,23 @@ class RowEnvironmentCheck:
         (self.known if found else self.unknown).add(name)
         return found
 
+    def verdict(self, name: str) -> bool | str:
+        """Whether environment ``name`` is known, or why a known one is refused
+        (``RowRefused``); the run's own errors (``EnvironmentUnavailableError``, ...) raise."""
+        try:
+            return self(name)
+        except RowRefused as refused:
+            return str(refused)
+
+    def rows(self, parsed: Iterable[CheckedRow], unique: UniqueTaskIds) -> Iterator[CheckedRow]:
+        """Parsed rows (``data.tasks.parse_rows``) with each task's environment judged here
+        and its id then claimed (``claim_row``): what ``check_rows`` does with this check,
+        the data layer never calling back up to the planning."""
+        for source, line, task, raw in parsed:
+            if not isinstance(task, InvalidTaskError):
+                task = claim_row(unique, source, line, task, self.verdict(task.environment))
+            yield source, line, task, raw
+
     def hint(self) -> str:
         """The known environments, once a name was found unknown; else nothing."""
         return unknown_environments_hint(self.config) if self.unknown else ""
@@ -519,7 +549,7 @@ def check_task_agents(tasks: list[Task], config: RunConfig, source: str) -> None
 
 
 class _EnvironmentClasses:
-    """Each environment's class as the workers load it (``RemoteEnvironment`` for one served
+    """Each environment's class as the workers load it (``remote_environment`` for one served
     by URL), loaded once; None for a name that does not resolve (the row checks say so)."""
 
     def __init__(self, config: RunConfig) -> None:
@@ -531,9 +561,9 @@ class _EnvironmentClasses:
             settings = self.config.environment_config(name)
             found: type[Environment] | None = None
             if settings.url is not None:
-                from rayrollout.envkit.nemo_gym.client import RemoteEnvironment
+                from rayrollout.envkit.nemo_gym.client import remote_environment
 
-                found = RemoteEnvironment
+                found = remote_environment(settings)
             else:
                 try:
                     found = environment_spec(name, settings).load()
@@ -704,6 +734,48 @@ def probe_environment_urls(config: RunConfig, timeout_s: float = PROBE_TIMEOUT_S
                 f"(GET: {_silence_reason(exc, timeout_s)}): start "
                 f"the server, or pass the right --env-url (environments.{name}.url)"
             ) from None
+
+
+def detect_server_protocols(config: RunConfig, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """Fill ``environments.NAME.protocol`` where it is unset, from the routes the server at
+    its URL lists (``server_protocol``): asked once per URL, before the run, so that the
+    agent of a Gymnasium-style server's rows follows from it (``remote_environment``) and a
+    user who named none needs no ``--agent``. A server that lists nothing is left unset
+    (the episodes still find its kind by its ``/seed_session`` answer)."""
+    found: dict[str, str | None] = {}
+    for settings in config.environments.values():
+        if settings.url is None or settings.protocol is not None:
+            continue
+        if settings.url not in found:
+            found[settings.url] = server_protocol(settings.url, timeout_s)
+        if found[settings.url] == "gymnasium":
+            settings.protocol = "gymnasium"
+        elif found[settings.url] == "resources_server":
+            settings.protocol = "resources_server"
+
+
+def server_protocol(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """What the NeMo Gym server at ``url`` speaks, by the routes its ``GET /openapi.json``
+    lists (NeMo Gym's servers are FastAPI apps): ``"resources_server"`` with
+    ``/seed_session``, ``"gymnasium"`` with ``/reset`` and ``/step`` and no
+    ``/seed_session``; None when it lists none of them, or lists nothing."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(f"{url.rstrip('/')}/openapi.json", timeout=timeout_s) as response:
+            answer: Any = orjson.loads(response.read(_BODY_LIMIT))
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        return None
+    except _SILENCE:  # silence, or not JSON (ValueError)
+        return None
+    paths = answer.get("paths") if isinstance(answer, dict) else None
+    if not isinstance(paths, dict):
+        return None
+    if "/seed_session" in paths:
+        return "resources_server"
+    if "/reset" in paths and "/step" in paths:
+        return "gymnasium"
+    return None
 
 
 _SILENCE = (urllib.error.URLError, OSError, ValueError, http.client.HTTPException)

@@ -56,7 +56,7 @@ from rayrollout.engine.secret_env import route_token_path, workers_policy_key
 from rayrollout.engine.startup import ensure_ray, prepare_policy
 from rayrollout.engine.worker import worker_name
 from rayrollout.errors import RayrolloutError
-from rayrollout.policy.kinds import check_policy, policy_kind
+from rayrollout.policy.kinds import CheckedPolicy, checked_policy
 
 __all__ = [
     "CollectResult",
@@ -134,10 +134,18 @@ class RolloutEngine:
         2
     """
 
-    def __init__(self, config: RunConfig | dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        config: RunConfig | dict[str, Any] | None = None,
+        *,
+        policy: CheckedPolicy | None = None,
+    ) -> None:
+        """``policy``: the kind as a plan already checked it for this config (a
+        ``CollectPlan``'s ``policy``); None: the kind and its own settings are checked here,
+        before anything starts."""
         if not isinstance(config, RunConfig):
             config = RunConfig.model_validate(config or {})
-        check_policy(config)  # the kind and its own settings, before anything starts
+        self.policy = policy if policy is not None else checked_policy(config)
         # Absolute before Ray starts: a driver under `ray job submit` may change directory,
         # and the engine actor writes from its own working directory.
         out_dir = str(Path(config.output.dir).absolute())
@@ -184,7 +192,7 @@ class RolloutEngine:
     ) -> RolloutEngine:
         """``start``; ``new_run`` (a ``collect``): refuse an output folder holding another
         run's parts before the policy is deployed (``refuse_old_parts``)."""
-        bound = policy_kind(self.config.policy.kind).driver_bound
+        bound = self.policy.kind.driver_bound
         reason = bound(self.config) if detached and bound is not None else None
         if reason is not None:
             raise ConfigError(reason)
@@ -211,12 +219,12 @@ class RolloutEngine:
             write_token_file(route_token_path(namespace), token)
         except OSError:  # a read-only home (some job drivers): the run needs no file
             pass
-        self.policy_url, deploy = prepare_policy(self.config, RouteAuth.bearer(token))
+        self.policy_url, deploy = prepare_policy(self.config, RouteAuth.bearer(token), self.policy)
         # Serve brings the policy up while the engine starts its workers (Ray actors):
         # neither needs the other before the first episode, and each takes seconds.
         deploying = _in_background(deploy) if deploy is not None else None
         run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
-        policy_key = workers_policy_key(self.config, self.route_token)
+        policy_key = workers_policy_key(self.config, self.route_token, self.policy.deploys)
         # A run that ends with this driver starts its workers here, beside the engine actor
         # (seconds sooner than from the engine's constructor); a detached engine owns its own.
         workers = None if detached else start_workers(self.config, self.policy_url, policy_key)
@@ -378,7 +386,13 @@ class RolloutEngine:
             plan = tasks
             plan.num_repeats = num_repeats or plan.num_repeats
         else:
-            plan = plan_collect(tasks, self.config, num_repeats, before_start=self.engine is None)
+            plan = plan_collect(
+                tasks,
+                self.config,
+                num_repeats,
+                before_start=self.engine is None,
+                policy=self.policy,
+            )
         if plan.empty and self.engine is None:  # a file without rows: start nothing
             return CollectResult(
                 Path(self.config.output.dir), self.config.output.format, nothing_run()

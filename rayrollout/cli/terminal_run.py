@@ -52,7 +52,7 @@ def run_collect(config: RunConfig) -> RunSnapshot:
     from rayrollout.cli.progress import RunProgress, summary_table
     from rayrollout.data.run_folder import REJECTS_FILE
 
-    engine = RolloutEngine(config)
+    engine = RolloutEngine(config, policy=plan.policy)  # the kind as the plan checked it
     progress = RunProgress(console)
     planned: list[CollectPlan] = []
 

@@ -114,6 +114,14 @@ class EnvironmentConfig(BaseModel):
         "'Authorization: Bearer ...'): the file `rayrollout env serve` prints. Read by each "
         "worker when it first calls the server; the token itself is never in the config.",
     )
+    protocol: Literal["resources_server", "gymnasium"] | None = Field(
+        default=None,
+        description="What the NeMo Gym server at 'url' speaks: 'resources_server' "
+        "(/seed_session, tools, /verify) or 'gymnasium' (/reset, /step). Unset, collect reads "
+        "it from the routes the server lists (GET /openapi.json) before the run. Rows of a "
+        "'gymnasium' server that name no agent (no 'agent', no agent_ref, no --agent) play "
+        "with the reset_step agent.",
+    )
     timeout_s: float = Field(
         default=60.0, gt=0, description="Timeout of one HTTP call to 'url' (one attempt)."
     )
@@ -138,4 +146,9 @@ class EnvironmentConfig(BaseModel):
                     "an environment with 'url' is built by its server, which takes no 'args' "
                     "from here: drop 'args' (configure the server instead)"
                 )
+        elif self.protocol is not None:
+            raise ValueError(
+                "'protocol' says what the NeMo Gym server at 'url' speaks: set 'url' too, or "
+                "drop 'protocol'"
+            )
         return self

@@ -49,10 +49,12 @@ __all__ = [
     "SourceRow",
     "UniqueTaskIds",
     "check_rows",
+    "claim_row",
     "copy_task_id",
     "iter_task_rows",
     "nesting_depth",
     "numbered_task_id",
+    "parse_rows",
     "parse_task_row",
     "read_tasks",
     "row_from_line",
@@ -88,7 +90,7 @@ class InvalidTaskError(InputError, ValueError):
 class RowRefused(InputError):
     """Raised by a ``check_environment`` callable of ``check_rows``: the row's environment is
     known but refused (``str(exc)`` says why); the row becomes an ``InvalidTaskError`` of
-    field 'environment' naming its line."""
+    field 'environment' naming its line (``claim_row``)."""
 
 
 SourceRow = tuple[str, int, "dict[str, Any] | Task | InvalidTaskError", "str | None"]
@@ -464,42 +466,71 @@ def check_rows(
         base_dir: The folder that image paths in prompts are relative to (the task file's);
             None: a relative image path is a row error.
 
-    Errors are yielded, not raised, so a caller decides (stop, or ``--skip-invalid``).
+    Errors are yielded, not raised, so a caller decides (stop, or ``--skip-invalid``). It is
+    ``parse_rows``, then each task's environment verdict and ``claim_row``: a caller that
+    judges environments itself makes the same three steps.
     """
     unique = UniqueTaskIds() if unique is None else unique
-    for source, line, row, raw in rows:
-        try:
-            if isinstance(row, InvalidTaskError):
-                raise row
-            task = (
-                row
-                if isinstance(row, Task)
-                else parse_task_row(
-                    row,
-                    default_environment=default_environment,
-                    source=source,
-                    line=line,
-                    shard=source if shards else None,
-                    base_dir=base_dir,
-                )
-            )
+    parsed = parse_rows(
+        rows, default_environment=default_environment, shards=shards, base_dir=base_dir
+    )
+    for source, line, task, raw in parsed:
+        if not isinstance(task, InvalidTaskError):
+            verdict: bool | str = True
             if check_environment is not None:
                 try:
-                    known = check_environment(task.environment)
+                    verdict = bool(check_environment(task.environment))
                 except RowRefused as refused:
-                    raise InvalidTaskError(source, line, "environment", str(refused)) from None
-                if not known:
-                    raise InvalidTaskError(
-                        source,
-                        line,
-                        "environment",
-                        f"unknown environment {task.environment!r} (see `rayrollout env list`)",
-                    )
-            task = unique.check(task, source, line, copies=is_nemo_gym_task(task))
+                    verdict = str(refused)
+            task = claim_row(unique, source, line, task, verdict)
+        yield source, line, task, raw
+
+
+def parse_rows(
+    rows: Iterable[SourceRow],
+    *,
+    default_environment: str | None = None,
+    shards: bool = False,
+    base_dir: Path | None = None,
+) -> Iterator[CheckedRow]:
+    """Each row read, parsed into a ``Task`` (or the error), its environment not yet judged
+    and its id not yet claimed (``claim_row``); the arguments are ``check_rows``'."""
+    for source, line, row, raw in rows:
+        if isinstance(row, (InvalidTaskError, Task)):
+            yield source, line, row, raw
+            continue
+        try:
+            task = parse_task_row(
+                row,
+                default_environment=default_environment,
+                source=source,
+                line=line,
+                shard=source if shards else None,
+                base_dir=base_dir,
+            )
         except InvalidTaskError as exc:
             yield source, line, exc, raw
             continue
         yield source, line, task, raw
+
+
+def claim_row(
+    unique: UniqueTaskIds, source: str, line: int, task: Task, verdict: bool | str
+) -> Task | InvalidTaskError:
+    """A parsed task once its environment is judged (``verdict``: True known, False unknown,
+    or why it is refused), its id claimed in ``unique``; else the row's error. A row refused
+    for its environment claims no id."""
+    if verdict is not True:
+        message = (
+            verdict
+            if isinstance(verdict, str)
+            else f"unknown environment {task.environment!r} (see `rayrollout env list`)"
+        )
+        return InvalidTaskError(source, line, "environment", message)
+    try:
+        return unique.check(task, source, line, copies=is_nemo_gym_task(task))
+    except InvalidTaskError as exc:
+        return exc
 
 
 def read_tasks(

@@ -82,11 +82,16 @@ def policy_key(config: RunConfig) -> SecretStr | None:
     return SecretStr(value) if value else None
 
 
-def workers_policy_key(config: RunConfig, route_token: SecretStr) -> SecretStr | None:
+def workers_policy_key(
+    config: RunConfig, route_token: SecretStr, deploys: bool | None = None
+) -> SecretStr | None:
     """The key the workers send to the policy: the run's route token when the run deploys
-    the policy (its routes take only that), else the driver's key for the server at
-    ``policy.base_url``."""
-    if policy_kind(config.policy.kind).deploys(config):
+    the policy (its routes take only that token), else the driver's key for the server at
+    ``policy.base_url``. ``deploys`` is the planning's ``CheckedPolicy.deploys``; None: the
+    kind is asked here."""
+    if deploys is None:
+        deploys = policy_kind(config.policy.kind).deploys(config)
+    if deploys:
         return route_token
     return policy_key(config)
 

@@ -20,7 +20,7 @@ from rayrollout.engine.local_head import find_head, start_or_join_head
 from rayrollout.engine.ray_auth import require_ray_token_auth
 from rayrollout.engine.secret_env import without_secrets
 from rayrollout.errors import ClusterError, InputError
-from rayrollout.policy.kinds import OwnServer, policy_kind
+from rayrollout.policy.kinds import CheckedPolicy, OwnServer, policy_kind
 
 __all__ = [
     "PolicyEndpointError",
@@ -140,7 +140,7 @@ def policy_app_name(namespace: str) -> str:
 
 
 def prepare_policy(
-    config: RunConfig, auth: RouteAuth
+    config: RunConfig, auth: RouteAuth, policy: CheckedPolicy | None = None
 ) -> tuple[str, Callable[[], Callable[[], None] | None] | None]:
     """The policy's OpenAI base URL, and the call that deploys it (None: an external server).
     That call returns the call that ends the policy where the run owns it (a kind's
@@ -155,21 +155,25 @@ def prepare_policy(
     the policy up (``RolloutEngine``), each taking seconds. A bad config fails here, at once.
     Built here, not in the deploy call: a kind's build may fill policy settings the engine
     and its workers are started with (vLLM's deployment file names the model and tokenizer).
+
+    ``policy`` is the kind as the planning checked it (``CheckedPolicy``); None: the kind is
+    found here by name.
     """
-    policy = config.policy
     try:
-        kind = policy_kind(policy.kind)
-        build = kind.build_app if kind.deploys(config) else None
+        if policy is None:
+            kind = policy_kind(config.policy.kind)
+            policy = CheckedPolicy(kind, kind.deploys(config))
+        build = policy.kind.build_app if policy.deploys else None
         app = build(config, auth) if build is not None else None
     except (ValueError, RuntimeError) as exc:  # a deployment file missing, wrong, unreadable
         raise PolicyEndpointError(str(exc)) from None
     if app is None:
-        if not policy.base_url:
+        if not config.policy.base_url:
             raise PolicyEndpointError(
-                f"policy kind '{policy.kind}' needs a base URL: pass --base-url URL "
+                f"policy kind '{config.policy.kind}' needs a base URL: pass --base-url URL "
                 "(and --model NAME)"
             )
-        return policy.base_url, None
+        return config.policy.base_url, None
     if isinstance(app, OwnServer):
         return app.base_url, app.start
     route = f"/{config.namespace}/policy"

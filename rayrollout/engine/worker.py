@@ -33,7 +33,7 @@ from rayrollout.engine.worker_parts import (
     answered_before,
 )
 from rayrollout.envkit import Environment
-from rayrollout.envkit.nemo_gym.client import NemoGymConnections, RemoteEnvironment
+from rayrollout.envkit.nemo_gym.client import NemoGymConnections, remote_environment
 from rayrollout.envkit.registry import environment_spec
 from rayrollout.envkit.serve_batching import BatchingHandle
 from rayrollout.envkit.sessions import (
@@ -134,7 +134,7 @@ class WorkerRunner:
         if env_cls is None:
             settings = self.config.environment_config(name)
             if settings.url is not None:
-                env_cls = RemoteEnvironment
+                env_cls = remote_environment(settings)  # by what the server speaks
             else:
                 env_cls = environment_spec(name, settings).load()
             self.env_classes[name] = env_cls

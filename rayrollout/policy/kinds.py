@@ -29,6 +29,7 @@ from rayrollout.policy.gate import PauseMode
 from rayrollout.policy.protocol import Policy
 
 __all__ = [
+    "CheckedPolicy",
     "OwnServer",
     "ENTRY_POINT_GROUP",
     "EXTERNAL",
@@ -40,6 +41,7 @@ __all__ = [
     "WeightBackend",
     "WeightUpdateError",
     "check_policy",
+    "checked_policy",
     "kind_settings",
     "interrupt_refusal",
     "policy_kind",
@@ -275,3 +277,25 @@ def check_policy(config: RunConfig) -> PolicyKind:
         except ValueError as exc:
             raise ConfigError(f"invalid config: policy: {exc}") from None
     return kind
+
+
+@dataclass(frozen=True)
+class CheckedPolicy:
+    """A run's policy kind, checked against its config once (``checked_policy``), and
+    whether the run deploys it: what the planning hands down, so that starting the run
+    (``engine.startup``, ``engine.secret_env``) never asks the kind again."""
+
+    kind: PolicyKind
+    deploys: bool
+    """``PolicyKind.deploys`` for the config: the run deploys the policy (its routes take
+    the run's token), rather than using a server at ``policy.base_url``."""
+
+
+def checked_policy(config: RunConfig) -> CheckedPolicy:
+    """``check_policy`` and the kind's ``deploys``, asked once for the run.
+
+    Raises:
+        UnknownPolicyKindError, ConfigError: as ``check_policy``.
+    """
+    kind = check_policy(config)
+    return CheckedPolicy(kind, kind.deploys(config))

@@ -151,6 +151,44 @@ def test_another_agent_on_a_gymnasium_server_fails_saying_which_agent_plays_it(
         assert "Gymnasium-style" in error and "reset_step" in error, error
 
 
+def test_rows_naming_no_agent_on_a_gymnasium_server_play_with_reset_step_unless_chosen(
+    blackjack: tuple, ng_src: Path, serve_session: int, tmp_path: Path
+) -> None:
+    # NeMo Gym's own blackjack rows without their agent_ref, as indian_banking's rows come:
+    # the server's kind, read once from its routes before the run, picks reset_step.
+    url, run = blackjack
+    example = ng_src / "resources_servers" / "blackjack" / "data" / "example.jsonl"
+    rows = [json.loads(line) for line in example.read_text().splitlines() if line.strip()]
+    for row in rows:
+        assert row.pop("agent_ref")["name"] == "blackjack_gymnasium_agent"
+    tasks = tmp_path / "no_agent_ref.jsonl"
+    tasks.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    asked = len(_gets(run, "openapi.json"))
+    (tmp_path / "auto").mkdir()
+    frame = _collect(tmp_path / "auto", tasks, url, serve_session)
+    assert len(frame) == len(rows) == 5
+    assert (frame["status"] == "ok").all(), frame["error"].tolist()
+    assert (frame["played_by"] == "reset_step").all()
+    for _, row in frame.iterrows():
+        info = json.loads(row["verification"])["info"]
+        assert row["reward"] == REWARD_OF[info["result"]], info
+    assert _gets(run, "openapi.json")[asked:] == ["200"]  # once per URL, before the run
+
+    # The user's --agent still wins: the tool loop's calls are not Gymnasium's (3: all failed).
+    (tmp_path / "chosen").mkdir()
+    chosen = _collect(
+        tmp_path / "chosen", tasks, url, serve_session, "--agent", "tool_loop", exit_code=3
+    )
+    assert (chosen["played_by"] == "tool_loop").all()
+    assert (chosen["status"] == "error").all()
+
+
+def _gets(run: NemoGymRun, route: str) -> list[str]:
+    """Status codes of the access-log lines of ``GET /route`` on the blackjack server."""
+    pattern = rf"\(blackjack[^)]*\) INFO:\s+\S+ - \"GET /{re.escape(route)} HTTP/1.1\" (\d+)"
+    return re.findall(pattern, run.log())
+
+
 MULTI_TURN = "example_multi_turn_gymnasium"
 
 

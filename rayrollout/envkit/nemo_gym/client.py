@@ -1,10 +1,10 @@
-"""NeMo Gym's resources-server protocol: remote environments, and the episode in its shapes.
+"""NeMo Gym's server protocol, client side; one job: an episode's every call to a NeMo Gym server.
 
 ``RemoteSession`` is the third ``EnvSession`` kind: an episode against a running resources
 server (``--env-url NAME=URL``; ``/seed_session``, ``/<tool>``, ``/verify``,
-``/close_session``), with a cookie jar per episode over one pool per worker. A server
-without ``/seed_session`` is played by reset and step (``gymnasium``), a seeded row by
-``seeded``; which agent plays a row follows from the row, as in NeMo Gym's own runs.
+``/close_session``), with a cookie jar per episode over one pool per worker. A Gymnasium
+server is stepped by ``gymnasium``, a seeded row by ``seeded``; the agent follows from the
+row, else from the server's kind (``remote_environment``), as in NeMo Gym's own runs.
 """
 
 from __future__ import annotations
@@ -44,12 +44,14 @@ from rayrollout.envkit.tool_args import ToolCallRejected, parse_arguments, unkno
 
 __all__ = [
     "PROTOCOL_ROUTES",
+    "GymnasiumServerEnvironment",
     "NemoGymConnections",
     "NemoGymError",
     "RemoteEnvironment",
     "RemoteSession",
     "episode_response",
     "items_to_messages",
+    "remote_environment",
     "responses_create_params",
     "rollout_id",
     "seed_body",
@@ -86,6 +88,20 @@ class RemoteEnvironment(Environment):
 
     async def verify(self, episode: Episode) -> Verification:
         raise NotImplementedError("a remote environment is verified by its server's /verify")
+
+
+class GymnasiumServerEnvironment(RemoteEnvironment):
+    """A NeMo Gym server of the Gymnasium kind (``protocol: gymnasium``): rows naming no
+    NeMo Gym agent are stepped by ``reset_step``, as its ``gymnasium_agent`` would."""
+
+    @classmethod
+    def agent_for(cls, task: Task) -> str | None:
+        return agent_for_row(task) or "reset_step"
+
+
+def remote_environment(settings: EnvironmentConfig) -> type[RemoteEnvironment]:
+    """The stand-in class of the server at ``settings.url``, by its ``protocol``."""
+    return GymnasiumServerEnvironment if settings.protocol == "gymnasium" else RemoteEnvironment
 
 
 class NemoGymConnections:
