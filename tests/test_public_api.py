@@ -231,17 +231,6 @@ def test_every_public_error_imports_from_rayrollout():
     assert not stale, f"in rayrollout._ERROR_HOMES but not an error class of the tree: {stale}"
 
 
-# The planning pass's modules (reading, checking and planning a run) still define their errors
-# beside the checks that raise them; each is drawn in the tree and imports from rayrollout.
-ERRORS_BESIDE_THEIR_CHECKS = {
-    "rayrollout.api.collect_plan",
-    "rayrollout.api.preflight",
-    "rayrollout.data.tasks",
-    "rayrollout.engine.startup",
-    "rayrollout.policy.kinds",
-}
-
-
 def test_every_public_error_lives_in_its_layers_errors_module():
     """A leaf class lives beside its base (``rayrollout/errors.py``) or in its part's one
     exceptions module (``rayrollout/<part>/errors.py``), so a layer's errors read as one list."""
@@ -259,7 +248,6 @@ def test_every_public_error_lives_in_its_layers_errors_module():
         for cls in public
         if cls.__module__ != "rayrollout.errors"
         and not (cls.__module__.count(".") == 2 and cls.__module__.endswith(".errors"))
-        and cls.__module__ not in ERRORS_BESIDE_THEIR_CHECKS
     ]
     assert not elsewhere, f"move to rayrollout/<part>/errors.py (re-export it): {elsewhere}"
 

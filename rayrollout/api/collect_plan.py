@@ -11,13 +11,13 @@ from collections.abc import Callable, Container, Iterable, Iterator
 from pathlib import Path
 from typing import Protocol
 
+from rayrollout.api.errors import MAX_ERRORS_SHOWN, InvalidTasksError, OutputNotEmptyError
 from rayrollout.api.preflight import TaskCheck
 from rayrollout.data.config import RunConfig
-from rayrollout.data.run_folder import REJECTS_FILE, RunFolder
+from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import Task
 from rayrollout.data.tasks import CheckedRow, InvalidTaskError, UniqueTaskIds
 from rayrollout.engine.episode_frame import EpisodeSpec
-from rayrollout.errors import InputError
 from rayrollout.policy.kinds import CheckedPolicy
 
 __all__ = [
@@ -32,7 +32,6 @@ __all__ = [
     "refuse_old_parts",
 ]
 
-MAX_ERRORS_SHOWN = 50
 _REJECTS_KEPT = 1000  # rejects a plan keeps in memory (``rejects``); the file holds every one
 Reject = tuple[InvalidTaskError, str | None]
 """A row left out by ``skip_invalid``: why, and its raw text (None for an in-memory row)."""
@@ -45,10 +44,6 @@ class WrittenKeys(Protocol):
     def __contains__(self, key: object, /) -> bool: ...
 
     def __len__(self) -> int: ...
-
-
-class OutputNotEmptyError(InputError, FileExistsError):
-    """A new run met an earlier run's parts in its output folder (without resume/overwrite)."""
 
 
 def refuse_old_parts(
@@ -77,46 +72,6 @@ def refuse_old_parts(
             "(resume=True or output.overwrite=True in Python)"
         )
     return old
-
-
-class InvalidTasksError(InputError, ValueError):
-    """Rows that cannot run; the message lists them (up to 50).
-
-    Found before anything ran (the head's rows), or, with ``stopped``, the one row past the
-    head that ended a run: the rows before it were run and written, and ``--resume``
-    finishes the run once it is fixed.
-    """
-
-    def __init__(
-        self,
-        source: str,
-        errors: list[InvalidTaskError],
-        hint: str = "",
-        stopped: bool = False,
-        total: int | None = None,
-    ) -> None:
-        self.source, self.errors, self.stopped = source, errors, stopped
-        total = len(errors) if total is None else total
-        shown = "\n".join(f"  {exc}" for exc in errors[:MAX_ERRORS_SHOWN])
-        more = total - min(len(errors), MAX_ERRORS_SHOWN)
-        if stopped:
-            what = (
-                f"invalid row in {source}; the run stopped at it (the episodes of the rows "
-                "before it ran and are written). Fix it, or pass --skip-invalid "
-                f"(skip_invalid=True in Python) to write bad rows to {REJECTS_FILE} and go "
-                "on; then run the same command with --resume to finish the run:"
-            )
-        else:
-            what = (
-                f"{total} invalid row(s) in {source}; nothing was run. Fix them, or pass "
-                f"--skip-invalid (skip_invalid=True in Python) to run the valid rows and write "
-                f"the rest to {REJECTS_FILE} in the output folder:"
-            )
-        super().__init__(
-            f"{what}\n{shown}"
-            + (f"\n  ... and {more} more" if more > 0 else "")
-            + (f"\n  {hint}" if hint else "")
-        )
 
 
 class CollectPlan:

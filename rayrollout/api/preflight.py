@@ -33,7 +33,16 @@ from rayrollout.agentkit.registry import (
     registered_agents,
     resolve_agent,
 )
-from rayrollout.data.config import ConfigError, RunConfig
+from rayrollout.api.errors import (
+    EnvironmentCheckError,
+    EnvironmentUnavailableError,
+    EnvironmentUrlError,
+    OutputFolderError,
+    PolicyCheckError,
+    PreflightError,
+    TasksFileError,
+)
+from rayrollout.data.config import RunConfig
 from rayrollout.data.schema import Task
 from rayrollout.data.tasks import CheckedRow, InvalidTaskError, RowRefused, UniqueTaskIds, claim_row
 from rayrollout.envkit.contract import Environment
@@ -94,38 +103,6 @@ models, and refusing it would stop a run that would have played. A refused conne
 unknown host is still said at once."""
 _MODELS_SHOWN = 10
 _BODY_LIMIT = 4 * 1024 * 1024  # a model list is kilobytes; never read a stray huge answer
-
-
-class PreflightError(InputError, ValueError):
-    """A check before start failed; nothing was started. The message names the fix."""
-
-
-class TasksFileError(PreflightError, ConfigError):
-    """The tasks path is missing, a directory, or unreadable (a ``ConfigError`` too)."""
-
-
-class EnvironmentUnavailableError(PreflightError):
-    """An environment the tasks name needs something this machine lacks (a system package,
-    privileges); the message is the environment's own line naming the fix."""
-
-
-class EnvironmentCheckError(PreflightError):
-    """An environment the rows name cannot be played as configured: its args name what its
-    source lacks (a class that does not import, a URL that does not answer), or rows name an
-    id it does not register; the message is the environment's own line naming the fix."""
-
-
-class OutputFolderError(PreflightError):
-    """The output folder is a file, or cannot be created or written."""
-
-
-class EnvironmentUrlError(PreflightError):
-    """An environment served by URL (``--env-url``) that does not answer."""
-
-
-class PolicyCheckError(PreflightError):
-    """An external policy without a base URL or key, unreachable, refusing the key, or not
-    serving the model."""
 
 
 # Every check that needs no rows, in their order.

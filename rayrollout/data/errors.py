@@ -1,8 +1,10 @@
-"""The data layer's exceptions (config, tasks' shards, images, the output folder, export):
-one module, so "what can reading or writing a run raise" has one answer.
+"""The data layer's exceptions (config, task rows and shards, images, the output folder,
+export): one module, so "what can reading or writing a run raise" has one answer.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from rayrollout.errors import InputError, OutputError
 
@@ -12,8 +14,10 @@ __all__ = [
     "ExportError",
     "HeadReadError",
     "ImageError",
+    "InvalidTaskError",
     "LateImages",
     "PartError",
+    "RowRefused",
     "ShardReadError",
     "WriterError",
 ]
@@ -59,3 +63,28 @@ class HeadReadError(InputError):
 
 class ShardReadError(InputError, OSError):
     """A shard of a task set could not be read (not Parquet, unreadable, gone)."""
+
+
+class InvalidTaskError(InputError, ValueError):
+    """A task row that cannot run, with where it is and what is wrong."""
+
+    def __init__(self, source: str, line: int, field: str | None, message: str) -> None:
+        self.source, self.line, self.field, self.message = source, line, field, message
+        where = f"{source} line {line}" + (f", field '{field}'" if field else "")
+        super().__init__(f"{where}: {message}")
+
+    def to_record(self, raw: str | None = None) -> dict[str, Any]:
+        """The reject-file row for this error."""
+        return {
+            "source": self.source,
+            "line": self.line,
+            "field": self.field,
+            "error": self.message,
+            "raw": raw,
+        }
+
+
+class RowRefused(InputError):
+    """Raised by a ``check_environment`` callable of ``check_rows``: the row's environment is
+    known but refused (``str(exc)`` says why); the row becomes an ``InvalidTaskError`` of
+    field 'environment' naming its line (``claim_row``)."""

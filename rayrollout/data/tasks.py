@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 
+from rayrollout.data.errors import InvalidTaskError, RowRefused
 from rayrollout.data.images import ImageError, is_data_url, is_remote_url, resolve_image_url
 from rayrollout.data.nemo_gym_rows import (
     UNSUPPORTED,
@@ -38,7 +39,6 @@ from rayrollout.data.nemo_gym_rows import (
 )
 from rayrollout.data.schema import MAX_ID_LENGTH, Task, stable_task_id
 from rayrollout.data.task_digests import DigestTable, digest
-from rayrollout.errors import InputError
 
 __all__ = [
     "MAX_DEPTH",
@@ -66,31 +66,6 @@ MAX_ROW_BYTES = 16 * 1024 * 1024
 MAX_DEPTH = 64
 """How deeply a task row may nest objects and lists; a deeper one is a row error (Python's
 own JSON reader and the validators recurse, and would fail with no line named)."""
-
-
-class InvalidTaskError(InputError, ValueError):
-    """A task row that cannot run, with where it is and what is wrong."""
-
-    def __init__(self, source: str, line: int, field: str | None, message: str) -> None:
-        self.source, self.line, self.field, self.message = source, line, field, message
-        where = f"{source} line {line}" + (f", field '{field}'" if field else "")
-        super().__init__(f"{where}: {message}")
-
-    def to_record(self, raw: str | None = None) -> dict[str, Any]:
-        """The reject-file row for this error."""
-        return {
-            "source": self.source,
-            "line": self.line,
-            "field": self.field,
-            "error": self.message,
-            "raw": raw,
-        }
-
-
-class RowRefused(InputError):
-    """Raised by a ``check_environment`` callable of ``check_rows``: the row's environment is
-    known but refused (``str(exc)`` says why); the row becomes an ``InvalidTaskError`` of
-    field 'environment' naming its line (``claim_row``)."""
 
 
 SourceRow = tuple[str, int, "dict[str, Any] | Task | InvalidTaskError", "str | None"]

@@ -16,10 +16,11 @@ from ray.exceptions import RayActorError
 
 from rayrollout.auth import RouteAuth
 from rayrollout.data.config import RunConfig
+from rayrollout.engine.errors import PolicyEndpointError
 from rayrollout.engine.local_head import find_head, start_or_join_head
 from rayrollout.engine.ray_auth import require_ray_token_auth
 from rayrollout.engine.secret_env import without_secrets
-from rayrollout.errors import ClusterError, InputError
+from rayrollout.errors import ClusterError
 from rayrollout.policy.kinds import CheckedPolicy, OwnServer, policy_kind
 
 __all__ = [
@@ -31,10 +32,6 @@ __all__ = [
     "policy_app_name",
     "prepare_policy",
 ]
-
-
-class PolicyEndpointError(InputError, ValueError):
-    """The config names no usable policy endpoint."""
 
 
 def ensure_ray(config: RunConfig, *, lasting: bool = False) -> None:

@@ -1,10 +1,10 @@
-"""The policy side's exceptions (the model server's calls, HTTP, templates, the gate): one
-module, so "what can a model call raise" has one answer.
+"""The policy side's exceptions (the model server's calls, HTTP, templates, the gate, kinds and
+weight updates): one module, so "what can a model call raise" has one answer.
 """
 
 from __future__ import annotations
 
-from rayrollout.errors import PolicyBoundaryError
+from rayrollout.errors import InputError, PolicyBoundaryError
 
 __all__ = [
     "HttpStatusError",
@@ -14,6 +14,8 @@ __all__ = [
     "PolicyTimeout",
     "StaleEpisode",
     "TemplateError",
+    "UnknownPolicyKindError",
+    "WeightUpdateError",
 ]
 
 
@@ -47,3 +49,11 @@ class HttpTransportError(PolicyBoundaryError):
 
 class TemplateError(PolicyBoundaryError, ValueError):
     """The chat template cannot give exact token deltas (it is not append-only)."""
+
+
+class WeightUpdateError(PolicyBoundaryError, RuntimeError):
+    """The policy backend could not pause, resume or load weights."""
+
+
+class UnknownPolicyKindError(InputError, LookupError):
+    """A config named a policy kind nothing registers, or one name has two targets."""

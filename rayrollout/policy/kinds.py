@@ -23,8 +23,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rayrollout.auth import RouteAuth
 from rayrollout.data.config import ConfigError, PolicyConfig, RunConfig
-from rayrollout.errors import InputError, PolicyBoundaryError
 from rayrollout.plugins import PluginGroup
+from rayrollout.policy.errors import UnknownPolicyKindError, WeightUpdateError
 from rayrollout.policy.gate import PauseMode
 from rayrollout.policy.protocol import Policy
 
@@ -49,14 +49,6 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "rayrollout.policies"
-
-
-class WeightUpdateError(PolicyBoundaryError, RuntimeError):
-    """The policy backend could not pause, resume or load weights."""
-
-
-class UnknownPolicyKindError(InputError, LookupError):
-    """A config named a policy kind nothing registers, or one name has two targets."""
 
 
 class WeightBackend(Protocol):
