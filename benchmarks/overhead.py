@@ -426,7 +426,7 @@ def run_engine(
     with RolloutEngine(config) as engine:
         engine.start()
         started, collect_at = time.perf_counter(), time.time()
-        engine.collect(tasks)
+        result = engine.collect(tasks)
         collected, collect_end = time.perf_counter(), time.time()
         # Measured before the actors exit: a dead process's CPU is no longer in /proc.
         cpu = tree_cpu_seconds(root) + sum(tree_cpu_seconds(pid) for pid in server_pids) - cpu0
@@ -458,6 +458,8 @@ def run_engine(
         "seconds_collect_after_last_episode": collect_end - frame["finished_at"].max(),
         "cpu_ms_per_episode": 1000 * cpu / episodes,
         "cpu_ms_per_episode_by_process": by_role,
+        # Ray messages between the engine actor and its workers (episodes sent, reports).
+        "worker_messages_per_episode": round(result.summary.worker_messages / episodes, 4),
         "seconds_per_episode": {k: round(v, 5) for k, v in parts.items()},
         "share_of_episode_time": {
             k: round(parts[k] / parts["total"], 3) for k in ("model", "tools", "verify", "other")

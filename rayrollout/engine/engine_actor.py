@@ -5,15 +5,15 @@ Named ``engine`` in the run's namespace, so drivers and training loops find it w
 the queue is full: backpressure, not timeouts); a feeder takes chunks off the queue while
 each worker holds fewer than its share of ``concurrency`` plus its part of the ``reserve``,
 and sends each to the worker with the most room in one Ray call. The worker writes the rows
-of a ``collect`` to its own parts (``worker_parts``) and streams back, as its episodes
-finish (a Ray streaming generator), which finished and later which a renamed part holds:
-rows never pass through this actor, which keeps the queue, the counts and the slots. Rows a
-caller waits on (``generate``, the service's stream) come back as Arrow and are written
-here when asked. If the worker dies, the episodes whose rows are in no part yet are sent
-again (a restarted worker answers those a part of its killed process holds from that part),
-so no row is written twice. Nothing is kept per task beyond the episodes in flight (their
-specs, and a ``generate`` call's waiter) and ``next_sample``'s digests, so a run's memory
-does not grow with its task set.
+of a ``collect`` to its own parts (``worker_parts``) and reports, on one stream per worker
+(``worker_session``) and at most one message per 50 ms, which finished and later which a
+renamed part holds: rows never pass through this actor, which keeps the queue, the counts
+and the slots. Rows a caller waits on (``generate``, the service's stream) come back as
+Arrow and are written here when asked. If the worker dies, a new session gets the episodes
+whose rows are in no part yet again (a restarted worker answers those a part of its killed
+process holds from that part), so no row is written twice. Nothing is kept per task beyond
+the episodes in flight (their specs, and a ``generate`` call's waiter) and
+``next_sample``'s digests, so a run's memory does not grow with its task set.
 
 The actor's other two jobs have their own modules: the training-loop methods (``generate``,
 ``pause``, ``resume``, ``update_weights``, ``stats``) in ``training``, and putting
@@ -26,7 +26,10 @@ import asyncio
 import itertools
 import logging
 import os
+import pickle
 import time
+import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -39,7 +42,7 @@ from rayrollout.data.config import RunConfig
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.task_digests import NextSamples
 from rayrollout.data.writer import PartWriter, make_sink
-from rayrollout.engine.chunks import ChunkRows
+from rayrollout.engine.chunks import ChunkRows, WorkerReport, summarize
 from rayrollout.engine.deploy import EnvironmentDeployer
 from rayrollout.engine.episode_frame import EpisodeSpec, failed_trajectory
 from rayrollout.engine.feeding import Refill, chunk_size, worker_limits, worker_with_room
@@ -125,6 +128,10 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         self.write_lock = asyncio.Lock()
         self.feeder: asyncio.Task[None] | None = None
         self.calls: set[asyncio.Task[None]] = set()  # worker calls in flight
+        self.links = [_Link() for _ in self.workers]  # a session with each worker
+        self.serving: list[asyncio.Task[None]] = []  # their report streams
+        self.seqs = itertools.count()  # numbers the episodes sent to workers
+        self.messages = 0  # Ray messages between this actor and the workers
         self.load = [0] * len(self.workers)  # episodes in flight per worker
         self.room = asyncio.Event()  # set when an episode ends: the feeder may send more
         self.refill = Refill(config.concurrency, len(self.workers))  # sizes the reserve
@@ -166,6 +173,7 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         """Wait for the workers and open the output; returns the workers' names."""
         names = await asyncio.gather(*(worker.ready.remote() for worker in self.workers))
         await asyncio.to_thread(self.sink.start)
+        self.serving = [asyncio.create_task(self._serve(i)) for i in range(len(self.workers))]
         self.feeder = asyncio.create_task(self._feed())
         self.flusher = asyncio.create_task(self._flush_periodically())
         return list(names)
@@ -188,6 +196,7 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
     def begin(self) -> None:
         """Start a new batch of work (a ``collect``): fresh figures, parts counted from here."""
         self.run_stats = RunStats()
+        self.messages = 0
         self.batch_first_part = len(self.part_paths)
 
     async def submit(self, specs: list[EpisodeSpec]) -> None:
@@ -246,7 +255,7 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
 
     async def close(self) -> None:
         """Stop the feeder and the worker calls; complete the output (releases the lock)."""
-        for task in [self.feeder, *self.calls, self.flusher]:
+        for task in [self.feeder, *self.calls, *self.serving, self.flusher]:
             if task is not None:
                 task.cancel()
         if self.failure is not None:
@@ -260,7 +269,7 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
             *(worker.flush.remote() for worker in self.workers), return_exceptions=True
         )
         await self._write([], drain=True)
-        try:  # the workers' notes of what they just wrote travel on their chunk calls
+        try:  # the workers' notes of what they just wrote travel on their reports
             await asyncio.wait_for(self.all_committed.wait(), 1.0)
         except TimeoutError:
             pass  # episodes still finishing (an interrupted run): counted when they land
@@ -268,7 +277,9 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
 
     def progress(self) -> RunSnapshot:
         """The current batch's figures so far (what the driver's progress display shows)."""
-        return RunSnapshot(**self.run_stats.snapshot(), **self._output_figures())
+        return RunSnapshot(
+            **self.run_stats.snapshot(), **self._output_figures(), worker_messages=self.messages
+        )
 
     def _output_figures(self) -> dict[str, Any]:
         """Queue and writer figures, shared by ``progress`` and ``stats``."""
@@ -295,13 +306,10 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
             for spec in specs:
                 self.waiters.pop(id(spec), None)
 
-    def _deliver(self, specs: list[EpisodeSpec], result: ChunkRows) -> pa.Table:
-        """Give generate() callers their rows (``specs`` in the order of ``result``'s rows:
+    def _deliver(self, specs: list[EpisodeSpec], table: pa.Table) -> pa.Table:
+        """Give generate() callers their rows (``specs`` in the order of ``table``'s rows:
         those the worker did not write); returns the rows to write."""
         waiters = [self.waiters.pop(id(spec), None) for spec in specs]
-        table = result.table()
-        if not specs:
-            return table
         if not any(waiters):  # collect(): the table goes to the writer as it came
             return table
         keep = []
@@ -325,9 +333,19 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
                 chunk.append(self.queue.get_nowait())
             self.load[index] += len(chunk)
             self.run_stats.in_flight += len(chunk)
-            call = asyncio.create_task(self._run_chunk(index, chunk))
-            self.calls.add(call)
-            call.add_done_callback(self.calls.discard)
+            out = self.links[index].out
+            seqs = []
+            for spec in chunk:
+                seq = next(self.seqs)
+                # Decided once, before the first send: the worker writes these rows.
+                out[seq] = _Sent(spec, id(spec) not in self.waiters)
+                seqs.append(seq)
+            self._spawn(self._send(index, seqs))
+
+    def _spawn(self, coroutine: Any) -> None:
+        call = asyncio.create_task(coroutine)
+        self.calls.add(call)
+        call.add_done_callback(self.calls.discard)
 
     async def _worker_with_room(self, chunk: list[EpisodeSpec]) -> tuple[int, int]:
         """(the worker to send to, how many episodes to send it): waits until a worker has
@@ -346,71 +364,155 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
             self.room.clear()
             await self.room.wait()
 
-    async def _run_chunk(self, index: int, chunk: list[EpisodeSpec]) -> None:
-        """One streaming worker call. The worker writes the rows of the episodes no caller
-        waits on; the others' rows come back. A dead or restarting worker gets the episodes
-        whose rows are in no part again (those it had finished are not counted twice), as
-        often as it takes Ray to bring it back, up to ``workers.restart_deadline_s``
-        (minutes: a loaded machine restarts an actor slowly); only past that do they end as
-        error rows, written here."""
-        worker, pending, error = self.workers[index], list(chunk), ""
-        # Decided once, before the first send: the worker writes these episodes' rows.
-        written = {id(spec) for spec in chunk if id(spec) not in self.waiters}
-        counted: set[int] = set()  # finished, figures counted (their rows may be uncommitted)
-        holding: set[int] = set()  # counted, sent again: they hold slots again until finished
-        deadline = time.monotonic() + self.config.workers.restart_deadline_s
-        for attempt in itertools.count():
-            sent = pending
-            holding = {id(spec) for spec in sent if id(spec) in counted}
-            self.load[index] += len(holding)
-            writes = [i for i, spec in enumerate(sent) if id(spec) in written]
-            try:
-                async for ref in worker.run.remote(sent, self.weights.state(), self.target, writes):
-                    result: ChunkRows = await ref
-                    finished = [sent[i] for i in result.indices]
-                    back = {id(sent[i]) for i in result.returned}  # rows that came back
-                    if finished:
-                        holding.difference_update(id(spec) for spec in finished)
-                        await self._finish(index, finished, result, back, counted)
-                    if result.committed:
-                        self._committed(result, sent, counted)
-                    done = back | {id(sent[i]) for i in result.committed}
-                    pending = [spec for spec in pending if id(spec) not in done]
-                if not pending:
-                    return
-                error = f"worker ended its call with {len(pending)} episodes unanswered"
-                break
-            except (RayActorError, ActorUnavailableError) as exc:
-                self.load[index] -= len(holding)  # held again by the next send, if any
-                holding = set()
-                pause = _RESEND_BACKOFF_S[min(attempt, len(_RESEND_BACKOFF_S) - 1)]
-                if time.monotonic() + pause > deadline:
-                    error = (
-                        f"worker actor still unavailable after {attempt + 1} attempts over "
-                        f"workers.restart_deadline_s={self.config.workers.restart_deadline_s:g}: "
-                        f"{exc}"
-                    )
-                    break
-                logger.warning("worker %s unavailable (%s); resending in %.1fs", index, exc, pause)
-                await asyncio.sleep(pause)
-            except Exception as exc:
-                error = f"worker failed: {type(exc).__name__}: {exc}"
-                break
-        rows = [failed_trajectory(spec, "", error).to_row() for spec in pending]
-        result = ChunkRows.from_rows(rows, list(range(len(rows))))
-        # Already counted: their figures stand; the error row replaces the row that was lost.
-        again = [spec for spec in pending if id(spec) in counted]
-        self.load[index] += len(again) - len(holding)
-        self._uncommitted(-len(again))
-        await self._finish(index, pending, result, {id(spec) for spec in pending}, counted)
+    async def _send(self, index: int, seqs: list[int]) -> None:
+        """Send these episodes to worker ``index`` in its current session, once each: an
+        episode already sent on it (a resend after a restart raced this call) is not."""
+        link = self.links[index]
+        await link.opened.wait()
+        session, episodes = link.session, []
+        for seq in seqs:
+            sent = link.out.get(seq)
+            if sent is not None and sent.session != session:
+                sent.session = session
+                episodes.append((seq, sent.spec, sent.write))
+        if not episodes:
+            return
+        self.messages += 2  # the call and its answer
+        # Pickled here, as bytes: Ray pickles a call's arguments with cloudpickle, whose
+        # Python hook on every object made pydantic specs the largest cost of a send.
+        payload = pickle.dumps(episodes, protocol=5)
+        try:
+            await self.workers[index].take.remote(session, payload, self.weights.state())
+        except Exception:
+            pass  # a dead worker ends its report stream too: _serve sends these again
 
-    def _committed(self, result: ChunkRows, sent: list[EpisodeSpec], counted: set[int]) -> None:
-        """A worker's parts now hold these episodes' rows: count them and their parts."""
-        self._uncommitted(-sum(1 for i in result.committed if id(sent[i]) in counted))
-        self.worker_rows += len(result.committed)
-        self.worker_seconds += result.write_seconds
-        for part in result.parts:
+    async def _serve(self, index: int) -> None:
+        """Keep a session open with worker ``index`` and take in its reports. If the worker
+        dies, a new session gets every episode whose row is in no part again (a restarted
+        worker answers those a part of its killed process holds from that part; those it
+        had finished are not counted twice), as often as it takes Ray to bring it back, up
+        to ``workers.restart_deadline_s`` (minutes: a loaded machine restarts an actor
+        slowly); only past that do they end as error rows, written here."""
+        link, worker = self.links[index], self.workers[index]
+        attempt, deadline = 0, None
+        while True:
+            try:
+                session = uuid.uuid4().hex
+                self.messages += 2
+                await worker.open.remote(session, self.target, self.weights.state())
+                link.session = session
+                link.opened.set()
+                await self._send(index, list(link.out))  # those a dead session held
+                async for ref in worker.reports.remote(session):
+                    report: WorkerReport = await ref
+                    self.messages += 1
+                    if report.finished:
+                        attempt, deadline = 0, None
+                    await self._on_report(index, report)
+                raise _SessionLost(f"worker {index} no longer holds its session")
+            except (RayActorError, ActorUnavailableError, _SessionLost) as exc:
+                link.opened.clear()
+                for sent in link.out.values():  # played again: they hold slots again
+                    if not sent.holds:
+                        sent.holds = True
+                        self.load[index] += 1
+                restart_s = self.config.workers.restart_deadline_s
+                deadline = deadline or time.monotonic() + restart_s
+                pause = _RESEND_BACKOFF_S[min(attempt, len(_RESEND_BACKOFF_S) - 1)]
+                attempt += 1
+                if time.monotonic() + pause > deadline:
+                    await self._give_up(
+                        index,
+                        f"worker actor still unavailable after {attempt} attempts over "
+                        f"workers.restart_deadline_s={restart_s:g}: {exc}",
+                    )
+                    attempt, deadline = 0, None
+                else:
+                    logger.warning("worker %s unavailable (%s); resend in %.1fs", index, exc, pause)
+                await asyncio.sleep(pause)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                link.opened.clear()
+                await self._give_up(index, f"worker failed: {type(exc).__name__}: {exc}")
+                await asyncio.sleep(_RESEND_BACKOFF_S[0])
+
+    async def _on_report(self, index: int, report: WorkerReport) -> None:
+        """Free the slots of finished episodes; count them (once: an episode played again
+        after its worker died is not counted twice); deliver and write the rows that came
+        back; count the rows the worker's parts now hold."""
+        out, returned = self.links[index].out, set(report.returned)
+        fresh: list[dict[str, Any]] = []
+        freed = uncommitted = 0
+        for seq, summary in zip(report.finished, report.summaries, strict=True):
+            sent = out.get(seq)
+            if sent is None:
+                continue  # ended here already (given up)
+            if sent.holds:
+                sent.holds = False
+                freed += 1
+            if not sent.counted:
+                sent.counted = True
+                fresh.append(summary)
+                uncommitted += seq not in returned
+        keep = [k for k, seq in enumerate(report.returned) if seq in out]
+        back = [out.pop(report.returned[k]).spec for k in keep]
+        committed = [out.pop(seq) for seq in report.committed if seq in out]
+        uncommitted -= sum(1 for sent in committed if sent.counted)
+        self.worker_rows += len(committed)
+        self.worker_seconds += report.write_seconds
+        for part in report.parts:
             self.part_paths.setdefault(part)
+        self._uncommitted(uncommitted)
+        table = None
+        if back:  # an empty table of the row schema costs more than the rest of a report
+            table = report.table()
+            if len(keep) < table.num_rows:
+                table = table.take(keep)
+        await self._count(index, freed, fresh, back, table)
+
+    async def _give_up(self, index: int, error: str) -> None:
+        """End every episode out at worker ``index`` with an error row, written here (those
+        already counted keep their figures: the error row replaces the row that was lost)."""
+        out = self.links[index].out
+        ended = list(out.values())
+        out.clear()
+        if not ended:
+            return
+        rows = [failed_trajectory(sent.spec, "", error).to_row() for sent in ended]
+        table = ChunkRows.from_rows(rows, list(range(len(rows)))).table()
+        fresh = [summarize(row) for row, sent in zip(rows, ended, strict=True) if not sent.counted]
+        self._uncommitted(-sum(1 for sent in ended if sent.counted))
+        freed = sum(1 for sent in ended if sent.holds)
+        await self._count(index, freed, fresh, [sent.spec for sent in ended], table)
+
+    async def _count(
+        self,
+        index: int,
+        freed: int,
+        fresh: list[dict[str, Any]],
+        back: list[EpisodeSpec],
+        table: pa.Table | None,
+    ) -> None:
+        """Free ``freed`` slots of worker ``index``; count the ``fresh`` summaries; deliver
+        and write ``table``, the rows of ``back`` (in that order)."""
+        self.load[index] -= freed
+        self.room.set()
+        self.run_stats.in_flight -= len(fresh)
+        if fresh:
+            self.refill.observe(fresh, time.time())
+            self.run_stats.add(fresh)
+            buffered = self.writer.buffered_rows + self.uncommitted
+            self.metrics.on_rows(fresh, self.run_stats.in_flight, buffered)
+        try:
+            if back and table is not None:
+                await self._write(self._deliver(back, table))
+        except Exception:
+            pass  # self.failure holds it; finish() raises it to the driver
+        finally:
+            self.completed += len(fresh)
+            if self.completed == self.submitted:
+                self.all_done.set()
 
     def _uncommitted(self, change: int) -> None:
         self.uncommitted += change
@@ -418,40 +520,6 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
             self.all_committed.clear()
         else:
             self.all_committed.set()
-
-    async def _finish(
-        self,
-        index: int,
-        specs: list[EpisodeSpec],
-        result: ChunkRows,
-        back: set[int],
-        counted: set[int],
-    ) -> None:
-        """Free the slots of finished episodes; count them (once: an episode played again
-        after its worker died is not counted twice), deliver and write the rows that came
-        back (``back``: those episodes; the worker writes the others' rows)."""
-        self.load[index] -= len(specs)
-        self.room.set()
-        fresh = [k for k, spec in enumerate(specs) if id(spec) not in counted]
-        counted.update(id(specs[k]) for k in fresh)
-        summaries = result.summaries
-        if len(fresh) < len(specs):
-            summaries = [summaries[k] for k in fresh]
-        self._uncommitted(sum(1 for k in fresh if id(specs[k]) not in back))
-        self.run_stats.in_flight -= len(fresh)
-        self.refill.observe(summaries, time.time())
-        self.run_stats.add(summaries)
-        buffered = self.writer.buffered_rows + self.uncommitted
-        self.metrics.on_rows(summaries, self.run_stats.in_flight, buffered)
-        try:
-            returned = [spec for spec in specs if id(spec) in back]
-            await self._write(self._deliver(returned, result))
-        except Exception:
-            pass  # self.failure holds it; finish() raises it to the driver
-        finally:
-            self.completed += len(fresh)
-            if self.completed == self.submitted:
-                self.all_done.set()
 
     async def _write(self, rows: pa.Table | list[dict[str, Any]], drain: bool = False) -> None:
         async with self.write_lock:
@@ -472,6 +540,31 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
                 await self._write([])
             except Exception:
                 return  # self.failure holds it; finish() raises it to the driver
+
+
+@dataclass(eq=False)
+class _Sent:
+    """An episode out at a worker, until a part holds its row or its row came back."""
+
+    spec: EpisodeSpec
+    write: bool  # the worker writes its row (no caller waits on it)
+    session: str = ""  # the worker session it was last sent on
+    holds: bool = True  # holds a slot of its worker (``load``) until it finishes
+    counted: bool = False  # finished, its figures counted (its row may be uncommitted)
+
+
+class _Link:
+    """The engine's side of its session with one worker: the episodes out there by the
+    engine's sequence number, and the session they go to."""
+
+    def __init__(self) -> None:
+        self.session = ""
+        self.opened = asyncio.Event()
+        self.out: dict[int, _Sent] = {}
+
+
+class _SessionLost(Exception):
+    """A worker's report stream ended: the process that held the session is gone."""
 
 
 class _Waiter:

@@ -35,3 +35,8 @@ class RunSnapshot(Figures):
     parts: list[str] = Field(
         default_factory=list, description="``finish`` only: the parts this batch wrote."
     )
+    worker_messages: int = Field(
+        default=0,
+        description="Ray messages between the engine actor and its workers in this batch: "
+        "calls that send episodes and their answers, sessions opened, reports back.",
+    )

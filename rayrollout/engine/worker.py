@@ -1,17 +1,19 @@
 """Worker actors: async Ray actors that each play hundreds of episodes at once.
 
-A worker takes chunks of episodes (one Ray call per chunk), plays each with the agent its
-task names, writes the rows the engine asks it to write to its own parts (``worker_parts``)
-and streams back which episodes finished and which are committed, with the rows a caller
-waits on as Arrow batches (``chunks``). Agents are built once per worker; Serve-hosted
-environments are reached through cached handles.
+A worker takes batches of episodes into its one session with the engine
+(``worker_session``), plays each with the agent its task names, writes the rows the engine
+asks it to write to its own parts (``worker_parts``) and reports on one stream which
+finished and which are committed, with the rows a caller waits on as Arrow (``chunks``).
+Agents are built once per worker; Serve-hosted environments are reached through cached
+handles.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Collection
+import pickle
+from collections.abc import AsyncIterator
 from typing import Any
 
 import ray
@@ -22,16 +24,11 @@ from rayrollout.agentkit.episode import GatewayOpener
 from rayrollout.agentkit.gateway import Gateway
 from rayrollout.agentkit.registry import agent_spec, resolve_agent
 from rayrollout.data.config import RunConfig
-from rayrollout.engine.chunks import ChunkRows
+from rayrollout.engine.chunks import ChunkRows, WorkerReport
 from rayrollout.engine.episode_frame import EpisodeSpec, failed_trajectory, run_episode
 from rayrollout.engine.feeding import worker_share
-from rayrollout.engine.worker_parts import (
-    ChunkCommits,
-    Finished,
-    PartsTarget,
-    WorkerParts,
-    answered_before,
-)
+from rayrollout.engine.worker_parts import Finished, PartsTarget, WorkerParts
+from rayrollout.engine.worker_session import WorkerSession
 from rayrollout.envkit import Environment
 from rayrollout.envkit.nemo_gym.client import NemoGymConnections, remote_environment
 from rayrollout.envkit.registry import environment_spec
@@ -248,68 +245,35 @@ class WorkerRunner:
         specs: list[EpisodeSpec],
         policy_state: tuple[int, bool] | None = None,
         linger_s: float = _LINGER_S,
-        writes: Collection[int] = (),
-        parts: WorkerParts | None = None,
     ) -> AsyncIterator[Finished]:
-        """Run a chunk of episodes concurrently; yield what finished and what was committed
-        as it happens, one row per episode, failures included. ``policy_state`` (version,
-        paused) is the engine's, for a worker that restarted. The rows of the episodes at
-        ``writes`` (positions in ``specs``) go to ``parts``, and the call lasts until a part
-        holds each of them.
+        """Run a chunk of episodes concurrently; yield each batch that finishes as it does,
+        one row per episode, failures included. ``policy_state`` (version, paused) is the
+        engine's, for a worker that restarted.
 
         A chunk's slow episode does not hold the finished ones back: with episode times as
         uneven as RL rollouts' (a long tool call, a model that talks for ten turns), waiting
         for a whole chunk would leave most of its slots idle. Episodes finishing within
-        ``linger_s`` of each other go back together, so a burst costs one Ray message.
+        ``linger_s`` of each other go back together.
         """
         if policy_state is not None:
             self.gate.sync(*policy_state)
-        commits = ChunkCommits() if parts is not None and writes else None
-        running: dict[asyncio.Future[dict[str, Any]], int] = {}
-        changed: asyncio.Task[bool] | None = None
+        running = {
+            asyncio.ensure_future(self.run_admitted(spec)): index
+            for index, spec in enumerate(specs)
+        }
         try:
-            answered = Finished()
-            if commits is not None and parts is not None and parts.earlier:
-                answered = answered_before(specs, writes, parts)
-                if answered.indices:
-                    yield answered
-            skip = set(answered.indices)
-            running = {
-                asyncio.ensure_future(self.run_admitted(spec)): index
-                for index, spec in enumerate(specs)
-                if index not in skip
-            }
-            while running or (commits is not None and (commits.waiting or commits.committed)):
-                waits: set[asyncio.Future[Any]] = set(running)
-                if commits is not None:
-                    if changed is None or changed.done():
-                        changed = asyncio.ensure_future(commits.changed.wait())
-                    waits.add(changed)
-                done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                finished = [task for task in done if task in running]
-                if finished and linger_s and len(finished) < len(running):
+            while running:
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                finished = list(done)
+                if linger_s and len(finished) < len(running):
                     await asyncio.sleep(linger_s)
                     finished = [task for task in running if task.done()]
                 batch = Finished()
                 for task in finished:
                     batch.indices.append(running.pop(task))
                     batch.rows.append(task.result())
-                if commits is not None and parts is not None:
-                    mine = [k for k, i in enumerate(batch.indices) if i in writes]
-                    rows = [batch.rows[k] for k in mine]
-                    parts.add(commits, [batch.indices[k] for k in mine], rows)
-                    batch.committed, batch.parts, batch.seconds = commits.take()
-                    if commits.error is not None:
-                        raise commits.error
-                if batch.indices or batch.committed:
-                    yield batch
-            if commits is not None and commits.error is not None:
-                raise commits.error
+                yield batch
         finally:
-            if changed is not None:
-                changed.cancel()
-            if commits is not None and parts is not None:
-                parts.abandon(commits)
             for task in running:  # the call ended early: nobody takes these rows
                 task.cancel()
 
@@ -335,34 +299,55 @@ class WorkerActor:
         self.runner = WorkerRunner(name, config, policy_url, policy_key, max_running)
         self.writer = f"w{name.removeprefix(WORKER_PREFIX)}"  # its parts: part-<run>-w0.<n>
         self.parts: dict[PartsTarget, WorkerParts] = {}
-        self.opening = asyncio.Lock()  # concurrent chunk calls open a target's writer once
+        self.opening = asyncio.Lock()  # concurrent calls open a target's writer once
+        self.sessions: dict[str, WorkerSession] = {}  # the engine's, by id: one at a time
         # Arrow imports pandas and its compute functions at the first table it builds: here,
         # not in the first chunk, where it held every episode of the worker for a second.
         ChunkRows.from_rows([], [])
         tune_gc()  # about a fifth of a worker's CPU went to the collector (gc_tuning)
 
-    async def run(
-        self,
-        specs: list[EpisodeSpec],
-        policy_state: tuple[int, bool] | None = None,
-        target: PartsTarget | None = None,
-        writes: list[int] | None = None,
-    ) -> AsyncIterator[ChunkRows]:
-        """A Ray streaming generator: each finished batch of the chunk goes back at once, the
-        rows at ``writes`` to this worker's parts in ``target``'s folder instead (the engine
-        hears which finished, then which are committed), unless on another node."""
+    async def open(
+        self, session: str, target: PartsTarget | None, policy_state: tuple[int, bool]
+    ) -> bool:
+        """Begin the engine's session ``session`` (one at a time: an earlier one's episodes
+        stop); returns whether this worker writes rows to ``target``'s folder (only on the
+        engine's node: elsewhere every row goes back on the report stream)."""
+        self.runner.gate.sync(*policy_state)
         parts = None
-        if target is not None and target.node_id != ray.get_runtime_context().get_node_id():
-            writes = None  # another node's disk: the rows go back to the engine, which writes
-        if target is not None and writes:
+        if target is not None and target.node_id == ray.get_runtime_context().get_node_id():
             async with self.opening:
                 parts = self.parts.get(target)
                 if parts is None:
                     parts = await asyncio.to_thread(WorkerParts, target, self.writer)
                     self.parts[target] = parts
-        written = set(writes or ()) if parts is not None else set()
-        async for batch in self.runner.play(specs, policy_state, _LINGER_S, written, parts):
-            yield ChunkRows.from_finished(batch, written)
+        for earlier in self.sessions.values():
+            earlier.close()
+        self.sessions = {session: WorkerSession(self.runner.run_admitted, parts)}
+        return parts is not None
+
+    def take(self, session: str, episodes: bytes, policy_state: tuple[int, bool]) -> bool:
+        """Play episodes in ``session``: a pickled list of ``(seq, spec, write)`` (the engine
+        pickles them itself, see ``EngineActor._send``). False when this process never
+        opened the session (the worker restarted: the engine opens a new one, sends again)."""
+        found = self.sessions.get(session)
+        if found is None:
+            return False
+        self.runner.gate.sync(*policy_state)
+        found.take(pickle.loads(episodes))
+        return True
+
+    async def reports(self, session: str) -> AsyncIterator[WorkerReport]:
+        """A Ray streaming generator: the session's reports, for as long as it lasts."""
+        found = self.sessions.get(session)
+        if found is None:
+            return
+        try:
+            async for report in found.reports():
+                yield report
+        finally:
+            if self.sessions.get(session) is found:
+                found.close()
+                del self.sessions[session]
 
     async def flush(self) -> int:
         """Write every row this worker buffers to its parts now; returns rows written."""

@@ -3,28 +3,25 @@
 Rows wait in the worker until ``rows_per_part`` of them are there or ``flush_interval_s``
 has passed since the first, then go to one part, written whole inside the folder's commit
 fence (``RunFolder.fenced``: only while the engine that sent the episodes holds the folder's
-lock). Each chunk call keeps a ``ChunkCommits``: which of its episodes a renamed part holds,
-what the engine is told, so that it sends again only episodes whose rows are in no part.
+lock). Each of the engine's sessions keeps a ``ChunkCommits``: which of its episodes a renamed
+part holds, what the engine is told, so that it sends again only episodes whose rows are in no
+part.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
 from rayrollout.data.run_folder import SCHEMA, RunFolder
 from rayrollout.data.writer import make_sink
 
-if TYPE_CHECKING:
-    from rayrollout.engine.episode_frame import EpisodeSpec
-
-__all__ = ["ChunkCommits", "Finished", "PartsTarget", "WorkerParts", "answered_before"]
+__all__ = ["ChunkCommits", "Finished", "PartsTarget", "WorkerParts"]
 
 _ROW_TYPE = pa.struct(SCHEMA)
 
@@ -47,7 +44,8 @@ class PartsTarget:
 
 @dataclass
 class ChunkCommits:
-    """The episodes of one chunk call whose rows this worker writes, as parts take them."""
+    """The episodes of one session (or call) whose rows this worker writes, as parts take
+    them."""
 
     waiting: int = 0  # rows of the call in the buffer or in a part being written
     committed: list[int] = field(default_factory=list)  # indices in renamed parts, not yet told
@@ -191,29 +189,8 @@ class WorkerParts:
 
 @dataclass
 class Finished:
-    """One item of a chunk call: episodes that finished (``indices`` into the chunk, and
-    their ``rows``) and episodes whose rows a renamed part now holds (``committed``, in
-    ``parts``, written in ``seconds``)."""
+    """Episodes of a chunk that finished together: ``indices`` into the chunk, and their
+    ``rows`` (``WorkerRunner.play``)."""
 
     indices: list[int] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
-    committed: list[int] = field(default_factory=list)
-    parts: list[str] = field(default_factory=list)
-    seconds: float = 0.0  # spent writing those parts
-
-
-def answered_before(
-    specs: list[EpisodeSpec], writes: Collection[int], parts: WorkerParts
-) -> Finished:
-    """The episodes of ``specs`` a killed process of this worker wrote to a part before the
-    engine heard of it: answered from the part (finished and committed), not played again."""
-    answered = Finished()
-    for index in writes:
-        found = parts.written_before(specs[index].key)
-        if found is not None:
-            row, part = found
-            answered.indices.append(index)
-            answered.rows.append(row)
-            answered.committed.append(index)
-            answered.parts += [part] if part not in answered.parts else []
-    return answered
