@@ -30,9 +30,21 @@ runs the same model and batch with TRL's own generation (``use_vllm=False``, no
 ``rollout_func``) for a couple of steps and times its split the same way. ``--plot`` draws
 the per-step reward of several runs into a PNG.
 
+``--pause-mode interrupt`` pushes each step's weights with ``pause("interrupt")`` while the
+next batch is already being generated: the script reads the next step's prompts from a copy
+of TRL's own sampler and submits that batch during training, timed so that the push lands
+``--overlap`` of the way through its generation (from the previous step's times). The push
+stops the calls in flight; their tokens are kept and continued under the new weights (the
+forced tool-call turn, whose constraint cannot resume, is generated again: ``discarded``).
+Each step records the calls the push cut, the tokens kept and discarded, and how many of the
+batch's tokens each version made; samples may then be one version behind
+(``max_staleness=1``).
+
     PY=/path/to/.venv-trainers-trl/bin/python
     $PY benchmarks/trl_grpo_smollm2.py --seeds 0 1 --steps 15 --margin 0.1 \\
         --vllm-python .venv-vllm/bin/python --out-dir /tmp/trl-smollm2/runs
+    $PY benchmarks/trl_grpo_smollm2.py --seeds 0 1 --steps 15 --margin 0.1 \\
+        --pause-mode interrupt --out-dir /tmp/trl-smollm2/interrupt
     $PY benchmarks/trl_grpo_smollm2.py --seeds 0 --steps 2 --trl-generation \\
         --out-dir /tmp/trl-smollm2/runs
     .venv-vllm/bin/python benchmarks/trl_grpo_smollm2.py --plot /tmp/trl-smollm2/runs/*.jsonl \\
@@ -52,7 +64,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +201,7 @@ def start_engine(args: argparse.Namespace, work_dir: Path) -> tuple[subprocess.P
         time.sleep(2)
     time.sleep(0.5)  # the file is written whole, but give its writer a moment
     info = json.loads(ready.read_text())
+    args.token = info["token"]  # a second client (--pause-mode interrupt) uses it too
     return child, RolloutClient(info["url"], info["token"])
 
 
@@ -230,12 +245,115 @@ def contains_answer(
     return [float(answer in text) for text, answer in zip(texts, expected_answer, strict=True)]
 
 
+CUT_FIGURES = ("interrupted", "kept_tokens", "discarded_tokens")
+
+
+def upcoming_batches(trainer: Any) -> Iterator[list[Any]]:
+    """The prompts of each generation batch TRL will pass to ``rollout_func``, in order: a
+    copy of its own sampler (same class, data and seed) walked epoch after epoch."""
+    sampler = trainer._get_train_sampler()
+    size = trainer.args.per_device_train_batch_size * trainer.args.steps_per_generation
+    while True:
+        indices = list(sampler)
+        for start in range(0, len(indices) - size + 1, size):
+            yield [trainer.train_dataset[i]["prompt"] for i in indices[start : start + size]]
+
+
+class Lookahead:
+    """The ``--pause-mode interrupt`` rollout: each step's batch is submitted during the
+    previous step's training, timed so the weight push lands ``overlap`` of the way through
+    its generation, and the push's ``pause("interrupt")`` cuts its calls.
+
+    A second client submits from a timer thread. A batch whose prompts are not the ones
+    TRL then asks for (the copied sampler went astray) is counted in ``misses`` and the
+    asked batch is generated at once, as without look-ahead.
+    """
+
+    def __init__(self, rollout: Any, client: Any, overlap: float, steps: int) -> None:
+        self.rollout, self.client, self.overlap, self.steps = rollout, client, overlap, steps
+        self.upcoming: Iterator[list[Any]] | None = None
+        self.expected: list[Any] | None = None  # the prompts of the call to come
+        self.pending: tuple[list[Any], str, list[dict[str, Any]], float] | None = None
+        self.timer: threading.Timer | None = None
+        self.lock = threading.Lock()
+        self.calls = 0
+        self.misses = 0
+        self.generate_s: float | None = None  # a batch's generation, submit to last row
+        self.train_s: float | None = None  # the rollout's return to the push (Clock sets it)
+        self.counters = self.read_counters()
+
+    def read_counters(self) -> dict[str, int]:
+        calls = self.client.stats().policy_calls
+        return {k: int(getattr(calls, k, 0)) for k in CUT_FIGURES}
+
+    def submit(self, prompts: list[Any]) -> None:
+        rows, n = self.rollout.batch_rows(prompts)
+        with self.lock:
+            batch_id = self.client.submit(rows, n).batch_id
+            self.pending = (prompts, batch_id, rows, time.monotonic())
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        from rayrollout.integrations.trl import prompt_key
+
+        if self.upcoming is None:
+            self.upcoming = upcoming_batches(trainer)
+            self.expected = next(self.upcoming)
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer.join()  # a submit under way finishes first
+        with self.lock:
+            pending, self.pending = self.pending, None
+        key = [prompt_key(p) for p in prompts]
+        ahead = pending is not None and [prompt_key(p) for p in pending[0]] == key
+        if pending is not None and not ahead:
+            self.misses += 1
+            self.client.delete(pending[1])
+        if ahead:
+            assert pending is not None
+            _, batch_id, rows, submitted = pending
+        else:
+            rows, n = self.rollout.batch_rows(prompts)
+            batch_id, submitted = self.client.submit(rows, n).batch_id, time.monotonic()
+        waited = time.monotonic()
+        played = self.client.wait(batch_id)
+        if time.monotonic() - waited > 1.0:  # it ran to its end while we waited: timed whole
+            self.generate_s = time.monotonic() - submitted
+        answer = self.rollout.answer_rows(rows, played, trainer)
+        counters = self.read_counters()
+        cut = {k: counters[k] - self.counters[k] for k in CUT_FIGURES}
+        self.counters = counters
+        versions: dict[int, int] = {}
+        straddling = 0
+        for sequence in self.rollout.last_sequences:
+            made = [v for v in sequence.token_versions if v >= 0]
+            straddling += len(set(made)) > 1
+            for version in made:
+                versions[version] = versions.get(version, 0) + 1
+        info = {
+            "submitted_ahead": ahead,
+            **cut,
+            "tokens_by_version": {str(v): versions[v] for v in sorted(versions)},
+            "samples_straddling_a_push": straddling,
+        }
+        self.calls += 1
+        if self.expected is not None and [prompt_key(p) for p in self.expected] != key:
+            self.misses += 1  # the copied sampler and TRL's disagree from here on
+        self.expected = next(self.upcoming)
+        if self.calls < self.steps and self.generate_s is not None and self.train_s is not None:
+            delay = max(0.0, self.train_s - self.overlap * self.generate_s)
+            self.timer = threading.Timer(delay, self.submit, (self.expected,))
+            self.timer.daemon = True
+            self.timer.start()
+        return answer, info
+
+
 def train_seed(args: argparse.Namespace, seed: int, client: Any, work_dir: Path) -> list[dict]:
     """One GRPO run of TRL's trainer; returns its JSON lines (header, steps, summary)."""
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from rayrollout.client import RolloutClient
     from rayrollout.integrations.trl import RayrolloutRollout, episode_reward
 
     train, held_out = split(arithmetic_tasks(args.tasks), args.held_out)
@@ -254,7 +372,7 @@ def train_seed(args: argparse.Namespace, seed: int, client: Any, work_dir: Path)
                 **{
                     k: str(v) if isinstance(v, Path) else v
                     for k, v in vars(args).items()
-                    if k not in ("plot", "png", "seeds", "results")
+                    if k not in ("plot", "png", "seeds", "results", "token")
                 },
             }
         }
@@ -271,23 +389,41 @@ def train_seed(args: argparse.Namespace, seed: int, client: Any, work_dir: Path)
 
     timing: dict[str, float] = {}
     batch: dict[str, Any] = {}
+    interrupt = args.pause_mode == "interrupt" and not args.trl_generation
     rollout = (
         None
         if args.trl_generation
-        else RayrolloutRollout(client, train, max_staleness=0, trainable=("ok", "truncated"))
+        else RayrolloutRollout(
+            client,
+            train,
+            max_staleness=1 if interrupt else 0,  # a cut sample began one version back
+            trainable=("ok", "truncated"),
+        )
+    )
+    ahead = (
+        Lookahead(rollout, RolloutClient(client.url, args.token), args.overlap, args.steps)
+        if interrupt
+        else None
     )
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         assert rollout is not None
         started = time.monotonic()
-        answer = rollout(prompts, trainer)
+        if ahead is not None:
+            answer, batch["cut"] = ahead(prompts, trainer)
+        else:
+            answer = rollout(prompts, trainer)
         timing["generate"] = time.monotonic() - started
         batch["rewards"] = answer["rayrollout_reward"]
         batch["statuses"] = answer["rayrollout_status"]
         batch["versions"] = answer["rayrollout_policy_version"]
         return answer
 
-    sync = rollout.weight_sync(run_dir / "checkpoints") if rollout is not None else None
+    sync = (
+        rollout.weight_sync(run_dir / "checkpoints", pause_mode=args.pause_mode)
+        if rollout is not None
+        else None
+    )
 
     class Clock(TrainerCallback):
         """Times each step and its parts; pushes the weights (``sync``) inside the clock."""
@@ -320,6 +456,11 @@ def train_seed(args: argparse.Namespace, seed: int, client: Any, work_dir: Path)
                 "seconds_step": round(end - timing["begin"], 2),
                 "finished_at": round(time.time(), 1),  # to line up runs that ran side by side
             }
+            if ahead is not None and sync is not None:
+                ahead.train_s = record["seconds_train"]
+                record["push_calls_in_flight"] = sync.pauses[-1].calls_in_flight
+                record.update(batch.pop("cut", {}))
+                record["lookahead_misses"] = ahead.misses
             records.append(record)
             print(json.dumps(record), flush=True)
 
@@ -406,6 +547,17 @@ def summarize(records: list[dict[str, Any]], margin: float, seed: int) -> dict[s
             k: round(sum(r[k] for r in timed) / len(timed), 2) for k in parts
         },
     }
+    if any("push_calls_in_flight" in r for r in steps):  # --pause-mode interrupt
+        summary["pushes_meeting_calls_in_flight"] = sum(
+            r.get("push_calls_in_flight", 0) > 0 for r in steps
+        )
+        summary["calls_cut"] = sum(r.get("interrupted", 0) for r in steps)
+        summary["tokens_kept"] = sum(r.get("kept_tokens", 0) for r in steps)
+        summary["tokens_discarded"] = sum(r.get("discarded_tokens", 0) for r in steps)
+        summary["samples_straddling_a_push"] = sum(
+            r.get("samples_straddling_a_push", 0) for r in steps
+        )
+        summary["lookahead_misses"] = steps[-1].get("lookahead_misses", 0)
     if before and after:
         summary["held_out_before"] = before["mean_reward"]
         summary["held_out_after"] = after["mean_reward"]
@@ -465,8 +617,11 @@ def results(files: list[str], path: str) -> dict[str, Any]:
                 **{k: r[k] for r in lines for k in ("held_out_before", "held_out_after") if k in r},
             }
         )
+    command = "python benchmarks/trl_grpo_smollm2.py --seeds 0 1 --steps 15 --margin 0.1"
+    if any(run["config"].get("pause_mode") == "interrupt" for run in runs):
+        command += " --pause-mode interrupt"
     out: dict[str, Any] = {
-        "command": "python benchmarks/trl_grpo_smollm2.py --seeds 0 1 --steps 15 --margin 0.1",
+        "command": command,
         "benchmark": "trl_grpo_smollm2",
         "runs": runs,
     }
@@ -526,6 +681,20 @@ def main() -> None:
         "--trl-generation",
         action="store_true",
         help="TRL's own generation instead of rayrollout (use_vllm=False; for the timing)",
+    )
+    parser.add_argument(
+        "--pause-mode",
+        choices=("wait", "interrupt"),
+        default="wait",
+        help="how each weight push pauses the engine; interrupt: the next batch is "
+        "generated during training and the push cuts its calls (see the module docstring)",
+    )
+    parser.add_argument(
+        "--overlap",
+        type=float,
+        default=0.6,
+        help="with --pause-mode interrupt: how far through the next batch's generation the "
+        "push is aimed to land (0: the batch starts at the push)",
     )
     parser.add_argument("--model", type=Path, default=MODEL_CACHE / "smollm2-135m-instruct-v1")
     parser.add_argument(
