@@ -347,6 +347,23 @@ class Lookahead:
         return answer, info
 
 
+def first_pause(client: Any, tries: int = 3) -> None:
+    """``pause("wait")`` on a fresh engine, tried again on an HTTP 500: Ray Serve LLM's
+    control route can fail its first broadcast on a new replica under heavy load (its
+    request router fetches its event loop lazily: "no running event loop")."""
+    from rayrollout.client.errors import ServiceError
+
+    for attempt in range(1, tries + 1):
+        try:
+            client.pause("wait")
+            return
+        except ServiceError as exc:
+            if attempt == tries or exc.status != 500:
+                raise
+            print(f"pause failed ({str(exc)[:200]}); trying again", file=sys.stderr, flush=True)
+            time.sleep(10)
+
+
 def train_seed(args: argparse.Namespace, seed: int, client: Any, work_dir: Path) -> list[dict]:
     """One GRPO run of TRL's trainer; returns its JSON lines (header, steps, summary)."""
     from datasets import Dataset
@@ -379,7 +396,7 @@ def train_seed(args: argparse.Namespace, seed: int, client: Any, work_dir: Path)
     ]
     if not args.trl_generation:
         # The base weights back into vLLM (a previous seed trained them), then held-out before.
-        client.pause("wait")
+        first_pause(client)
         try:
             client.update_weights(str(args.model))
         finally:
