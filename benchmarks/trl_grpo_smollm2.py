@@ -32,8 +32,9 @@ the per-step reward of several runs into a PNG.
 
 ``--pause-mode interrupt`` pushes each step's weights with ``pause("interrupt")`` while the
 next batch is already being generated: the script reads the next step's prompts from a copy
-of TRL's own sampler and submits that batch during training, timed so that the push lands
-``--overlap`` of the way through its generation (from the previous step's times). The push
+of TRL's own sampler, submits that batch at the end of the step, and holds the push until
+about ``--overlap`` of its generation time has passed (``seconds_push_held``; the push is
+held for the cuts, so this mode's step times say nothing of speed). The push
 stops the calls in flight; their tokens are kept and continued under the new weights (the
 forced tool-call turn, whose constraint cannot resume, is generated again: ``discarded``).
 Each step records the calls the push cut, the tokens kept and discarded, and how many of the
@@ -64,7 +65,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -260,13 +260,14 @@ def upcoming_batches(trainer: Any) -> Iterator[list[Any]]:
 
 
 class Lookahead:
-    """The ``--pause-mode interrupt`` rollout: each step's batch is submitted during the
-    previous step's training, timed so the weight push lands ``overlap`` of the way through
-    its generation, and the push's ``pause("interrupt")`` cuts its calls.
+    """The ``--pause-mode interrupt`` rollout: at the end of each training step the next
+    step's batch is submitted, and the weight push waits until about ``overlap`` of its
+    generation time (the last batch's) has passed, so the push's ``pause("interrupt")``
+    lands in the middle of it and cuts its calls. The push is held on purpose, for the
+    cuts: this run measures learning through them, not speed.
 
-    A second client submits from a timer thread. A batch whose prompts are not the ones
-    TRL then asks for (the copied sampler went astray) is counted in ``misses`` and the
-    asked batch is generated at once, as without look-ahead.
+    A batch whose prompts are not the ones TRL then asks for (the copied sampler went
+    astray) is counted in ``misses`` and the asked batch is generated at once instead.
     """
 
     def __init__(self, rollout: Any, client: Any, overlap: float, steps: int) -> None:
@@ -274,23 +275,26 @@ class Lookahead:
         self.upcoming: Iterator[list[Any]] | None = None
         self.expected: list[Any] | None = None  # the prompts of the call to come
         self.pending: tuple[list[Any], str, list[dict[str, Any]], float] | None = None
-        self.timer: threading.Timer | None = None
-        self.lock = threading.Lock()
         self.calls = 0
         self.misses = 0
         self.generate_s: float | None = None  # a batch's generation, submit to last row
-        self.train_s: float | None = None  # the rollout's return to the push (Clock sets it)
         self.counters = self.read_counters()
 
     def read_counters(self) -> dict[str, int]:
         calls = self.client.stats().policy_calls
         return {k: int(getattr(calls, k, 0)) for k in CUT_FIGURES}
 
-    def submit(self, prompts: list[Any]) -> None:
-        rows, n = self.rollout.batch_rows(prompts)
-        with self.lock:
-            batch_id = self.client.submit(rows, n).batch_id
-            self.pending = (prompts, batch_id, rows, time.monotonic())
+    def before_push(self) -> float:
+        """Submit the next batch and wait until the push would land ``overlap`` of the way
+        through its generation; returns the seconds waited."""
+        if self.expected is None or self.calls >= self.steps or self.generate_s is None:
+            return 0.0
+        rows, n = self.rollout.batch_rows(self.expected)
+        submitted = time.monotonic()
+        self.pending = (self.expected, self.client.submit(rows, n).batch_id, rows, submitted)
+        wait = max(0.0, submitted + self.overlap * self.generate_s - time.monotonic())
+        time.sleep(wait)
+        return wait
 
     def __call__(self, prompts: list[Any], trainer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         from rayrollout.integrations.trl import prompt_key
@@ -298,11 +302,7 @@ class Lookahead:
         if self.upcoming is None:
             self.upcoming = upcoming_batches(trainer)
             self.expected = next(self.upcoming)
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer.join()  # a submit under way finishes first
-        with self.lock:
-            pending, self.pending = self.pending, None
+        pending, self.pending = self.pending, None
         key = [prompt_key(p) for p in prompts]
         ahead = pending is not None and [prompt_key(p) for p in pending[0]] == key
         if pending is not None and not ahead:
@@ -339,11 +339,6 @@ class Lookahead:
         if self.expected is not None and [prompt_key(p) for p in self.expected] != key:
             self.misses += 1  # the copied sampler and TRL's disagree from here on
         self.expected = next(self.upcoming)
-        if self.calls < self.steps and self.generate_s is not None and self.train_s is not None:
-            delay = max(0.0, self.train_s - self.overlap * self.generate_s)
-            self.timer = threading.Timer(delay, self.submit, (self.expected,))
-            self.timer.daemon = True
-            self.timer.start()
         return answer, info
 
 
@@ -451,6 +446,7 @@ def train_seed(args: argparse.Namespace, seed: int, client: Any, work_dir: Path)
 
         def on_step_end(self, a: Any, state: Any, control: Any, **kwargs: Any) -> None:
             pushed = time.monotonic()
+            held = ahead.before_push() if ahead is not None else 0.0
             if sync is not None and rollout is not None:
                 sync.on_step_end(a, state, control, **kwargs)
                 previous = run_dir / "checkpoints" / f"step-{state.global_step - 1}"
@@ -474,7 +470,7 @@ def train_seed(args: argparse.Namespace, seed: int, client: Any, work_dir: Path)
                 "finished_at": round(time.time(), 1),  # to line up runs that ran side by side
             }
             if ahead is not None and sync is not None:
-                ahead.train_s = record["seconds_train"]
+                record["seconds_push_held"] = round(held, 2)
                 record["push_calls_in_flight"] = sync.pauses[-1].calls_in_flight
                 record.update(batch.pop("cut", {}))
                 record["lookahead_misses"] = ahead.misses
@@ -710,8 +706,8 @@ def main() -> None:
         "--overlap",
         type=float,
         default=0.6,
-        help="with --pause-mode interrupt: how far through the next batch's generation the "
-        "push is aimed to land (0: the batch starts at the push)",
+        help="with --pause-mode interrupt: how far through the next batch's generation "
+        "(the last batch's time) the push is held (0: the batch starts at the push)",
     )
     parser.add_argument("--model", type=Path, default=MODEL_CACHE / "smollm2-135m-instruct-v1")
     parser.add_argument(
