@@ -33,8 +33,8 @@ the per-step reward of several runs into a PNG.
 ``--pause-mode interrupt`` pushes each step's weights with ``pause("interrupt")`` while the
 next batch is already being generated: the script reads the next step's prompts from a copy
 of TRL's own sampler, submits that batch at the end of the step, and holds the push until
-about ``--overlap`` of its generation time has passed (``seconds_push_held``; the push is
-held for the cuts, so this mode's step times say nothing of speed). The push
+``--overlap`` of its samples have finished (``seconds_push_held``; the push is held for
+the cuts, so this mode's step times say nothing of speed). The push
 stops the calls in flight; their tokens are kept and continued under the new weights (the
 forced tool-call turn, whose constraint cannot resume, is generated again: ``discarded``).
 Each step records the calls the push cut, the tokens kept and discarded, and how many of the
@@ -261,10 +261,10 @@ def upcoming_batches(trainer: Any) -> Iterator[list[Any]]:
 
 class Lookahead:
     """The ``--pause-mode interrupt`` rollout: at the end of each training step the next
-    step's batch is submitted, and the weight push waits until about ``overlap`` of its
-    generation time (the last batch's) has passed, so the push's ``pause("interrupt")``
-    lands in the middle of it and cuts its calls. The push is held on purpose, for the
-    cuts: this run measures learning through them, not speed.
+    step's batch is submitted, and the weight push waits until ``overlap`` of its samples
+    have finished, so the push's ``pause("interrupt")`` lands in the middle of it and cuts
+    the calls of the rest. The push is held on purpose, for the cuts: this run measures
+    learning through them, not speed.
 
     A batch whose prompts are not the ones TRL then asks for (the copied sampler went
     astray) is counted in ``misses`` and the asked batch is generated at once instead.
@@ -277,24 +277,25 @@ class Lookahead:
         self.pending: tuple[list[Any], str, list[dict[str, Any]], float] | None = None
         self.calls = 0
         self.misses = 0
-        self.generate_s: float | None = None  # a batch's generation, submit to last row
         self.counters = self.read_counters()
 
     def read_counters(self) -> dict[str, int]:
-        calls = self.client.stats().policy_calls
-        return {k: int(getattr(calls, k, 0)) for k in CUT_FIGURES}
+        calls = self.client.stats().policy_calls or {}  # the service answers a dict
+        return {k: int(calls.get(k, 0)) for k in CUT_FIGURES}
 
     def before_push(self) -> float:
-        """Submit the next batch and wait until the push would land ``overlap`` of the way
-        through its generation; returns the seconds waited."""
-        if self.expected is None or self.calls >= self.steps or self.generate_s is None:
+        """Submit the next batch and wait until ``overlap`` of its samples have finished
+        (the rest are in flight, for the push to cut); returns the seconds waited."""
+        if self.expected is None or self.calls >= self.steps:
             return 0.0
         rows, n = self.rollout.batch_rows(self.expected)
         submitted = time.monotonic()
-        self.pending = (self.expected, self.client.submit(rows, n).batch_id, rows, submitted)
-        wait = max(0.0, submitted + self.overlap * self.generate_s - time.monotonic())
-        time.sleep(wait)
-        return wait
+        status = self.client.submit(rows, n)
+        self.pending = (self.expected, status.batch_id, rows, submitted)
+        while status.finished < self.overlap * status.samples and not status.done:
+            time.sleep(0.25)
+            status = self.client.batch(status.batch_id)
+        return time.monotonic() - submitted
 
     def __call__(self, prompts: list[Any], trainer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         from rayrollout.integrations.trl import prompt_key
@@ -310,14 +311,11 @@ class Lookahead:
             self.client.delete(pending[1])
         if ahead:
             assert pending is not None
-            _, batch_id, rows, submitted = pending
+            _, batch_id, rows, _ = pending
         else:
             rows, n = self.rollout.batch_rows(prompts)
-            batch_id, submitted = self.client.submit(rows, n).batch_id, time.monotonic()
-        waited = time.monotonic()
+            batch_id = self.client.submit(rows, n).batch_id
         played = self.client.wait(batch_id)
-        if time.monotonic() - waited > 1.0:  # it ran to its end while we waited: timed whole
-            self.generate_s = time.monotonic() - submitted
         answer = self.rollout.answer_rows(rows, played, trainer)
         counters = self.read_counters()
         cut = {k: counters[k] - self.counters[k] for k in CUT_FIGURES}
@@ -705,9 +703,9 @@ def main() -> None:
     parser.add_argument(
         "--overlap",
         type=float,
-        default=0.6,
-        help="with --pause-mode interrupt: how far through the next batch's generation "
-        "(the last batch's time) the push is held (0: the batch starts at the push)",
+        default=0.5,
+        help="with --pause-mode interrupt: the share of the next batch's samples that "
+        "finish before the push (the rest are in flight, for it to cut)",
     )
     parser.add_argument("--model", type=Path, default=MODEL_CACHE / "smollm2-135m-instruct-v1")
     parser.add_argument(
