@@ -95,6 +95,8 @@ class Target:
         return self.command or f"python benchmarks/{self.benchmark}.py"
 
 
+PAUSE_MODES = ("wait", "abort_and_retry", "continue", "interrupt")  # pause_modes.py's order
+
 TARGETS: tuple[Target, ...] = (
     Target(
         "overhead",
@@ -211,23 +213,26 @@ TARGETS: tuple[Target, ...] = (
         for who in ("worker", "engine", "driver")
         for what in ("lost", "duplicated")
     ),
-    Target(
-        "pause_modes",
-        "tokens generated and thrown away, interrupt mode (updates mid-generation, vLLM)",
-        "modes.interrupt.tokens_thrown_away",
-        "== 0",
+    *(
+        Target(
+            "pause_modes",
+            f"tokens generated and thrown away, {mode} mode"
+            + (" (updates mid-generation, vLLM)" if mode == "interrupt" else ""),
+            f"modes.{mode}.tokens_thrown_away",
+            "== 0" if mode == "interrupt" else "",
+        )
+        for mode in PAUSE_MODES
     ),
-    Target(
-        "pause_modes",
-        "tokens generated and thrown away, abort_and_retry mode",
-        "modes.abort_and_retry.tokens_thrown_away",
+    *(
+        Target(
+            "pause_modes", f"mean pause() wait, {mode} mode (s)", f"modes.{mode}.pause_wait_s.mean"
+        )
+        for mode in PAUSE_MODES
     ),
-    Target("pause_modes", "mean pause() wait, wait mode (s)", "modes.wait.pause_wait_s.mean"),
-    Target(
-        "pause_modes", "mean pause() wait, interrupt mode (s)", "modes.interrupt.pause_wait_s.mean"
+    *(
+        Target("pause_modes", f"generated tokens/s, {mode} mode", f"modes.{mode}.tokens_per_s")
+        for mode in PAUSE_MODES
     ),
-    Target("pause_modes", "generated tokens/s, interrupt mode", "modes.interrupt.tokens_per_s"),
-    Target("pause_modes", "generated tokens/s, wait mode", "modes.wait.tokens_per_s"),
     Target(
         "vllm_ratio",
         "engine / bare client, generated tokens/s (vLLM)",

@@ -30,9 +30,22 @@ runs the same model and batch with TRL's own generation (``use_vllm=False``, no
 ``rollout_func``) for a couple of steps and times its split the same way. ``--plot`` draws
 the per-step reward of several runs into a PNG.
 
+``--pause-mode interrupt`` pushes each step's weights with ``pause("interrupt")`` while the
+next batch is already being generated: the script reads the next step's prompts from a copy
+of TRL's own sampler, submits that batch at the end of the step, and holds the push until
+``--overlap`` of its samples have finished (``seconds_push_held``; the push is held for
+the cuts, so this mode's step times say nothing of speed). The push
+stops the calls in flight; their tokens are kept and continued under the new weights (the
+forced tool-call turn, whose constraint cannot resume, is generated again: ``discarded``).
+Each step records the calls the push cut, the tokens kept and discarded, and how many of the
+batch's tokens each version made; samples may then be one version behind
+(``max_staleness=1``).
+
     PY=/path/to/.venv-trainers-trl/bin/python
     $PY benchmarks/trl_grpo_smollm2.py --seeds 0 1 --steps 15 --margin 0.1 \\
         --vllm-python .venv-vllm/bin/python --out-dir /tmp/trl-smollm2/runs
+    $PY benchmarks/trl_grpo_smollm2.py --seeds 0 1 --steps 15 --margin 0.1 \\
+        --pause-mode interrupt --out-dir /tmp/trl-smollm2/interrupt
     $PY benchmarks/trl_grpo_smollm2.py --seeds 0 --steps 2 --trl-generation \\
         --out-dir /tmp/trl-smollm2/runs
     .venv-vllm/bin/python benchmarks/trl_grpo_smollm2.py --plot /tmp/trl-smollm2/runs/*.jsonl \\
@@ -53,6 +66,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +201,7 @@ def start_engine(args: argparse.Namespace, work_dir: Path) -> tuple[subprocess.P
         time.sleep(2)
     time.sleep(0.5)  # the file is written whole, but give its writer a moment
     info = json.loads(ready.read_text())
+    args.token = info["token"]  # a second client (--pause-mode interrupt) uses it too
     return child, RolloutClient(info["url"], info["token"])
 
 
@@ -230,12 +245,125 @@ def contains_answer(
     return [float(answer in text) for text, answer in zip(texts, expected_answer, strict=True)]
 
 
+CUT_FIGURES = ("interrupted", "kept_tokens", "discarded_tokens")
+
+
+def upcoming_batches(trainer: Any) -> Iterator[list[Any]]:
+    """The prompts of each generation batch TRL will pass to ``rollout_func``, in order: a
+    copy of its own sampler (same class, data and seed) walked epoch after epoch."""
+    sampler = trainer._get_train_sampler()
+    size = trainer.args.per_device_train_batch_size * trainer.args.steps_per_generation
+    while True:
+        indices = list(sampler)
+        for start in range(0, len(indices) - size + 1, size):
+            yield [trainer.train_dataset[i]["prompt"] for i in indices[start : start + size]]
+
+
+class Lookahead:
+    """The ``--pause-mode interrupt`` rollout: at the end of each training step the next
+    step's batch is submitted, and the weight push waits until ``overlap`` of its samples
+    have finished, so the push's ``pause("interrupt")`` lands in the middle of it and cuts
+    the calls of the rest. The push is held on purpose, for the cuts: this run measures
+    learning through them, not speed.
+
+    A batch whose prompts are not the ones TRL then asks for (the copied sampler went
+    astray) is counted in ``misses`` and the asked batch is generated at once instead.
+    """
+
+    def __init__(self, rollout: Any, client: Any, overlap: float, steps: int) -> None:
+        self.rollout, self.client, self.overlap, self.steps = rollout, client, overlap, steps
+        self.upcoming: Iterator[list[Any]] | None = None
+        self.expected: list[Any] | None = None  # the prompts of the call to come
+        self.pending: tuple[list[Any], str, list[dict[str, Any]], float] | None = None
+        self.calls = 0
+        self.misses = 0
+        self.counters = self.read_counters()
+
+    def read_counters(self) -> dict[str, int]:
+        calls = self.client.stats().policy_calls or {}  # the service answers a dict
+        return {k: int(calls.get(k, 0)) for k in CUT_FIGURES}
+
+    def before_push(self) -> float:
+        """Submit the next batch and wait until ``overlap`` of its samples have finished
+        (the rest are in flight, for the push to cut); returns the seconds waited."""
+        if self.expected is None or self.calls >= self.steps:
+            return 0.0
+        rows, n = self.rollout.batch_rows(self.expected)
+        submitted = time.monotonic()
+        status = self.client.submit(rows, n)
+        self.pending = (self.expected, status.batch_id, rows, submitted)
+        while status.finished < self.overlap * status.samples and not status.done:
+            time.sleep(0.25)
+            status = self.client.batch(status.batch_id)
+        return time.monotonic() - submitted
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        from rayrollout.integrations.trl import prompt_key
+
+        if self.upcoming is None:
+            self.upcoming = upcoming_batches(trainer)
+            self.expected = next(self.upcoming)
+        pending, self.pending = self.pending, None
+        key = [prompt_key(p) for p in prompts]
+        ahead = pending is not None and [prompt_key(p) for p in pending[0]] == key
+        if pending is not None and not ahead:
+            self.misses += 1
+            self.client.delete(pending[1])
+        if ahead:
+            assert pending is not None
+            _, batch_id, rows, _ = pending
+        else:
+            rows, n = self.rollout.batch_rows(prompts)
+            batch_id = self.client.submit(rows, n).batch_id
+        played = self.client.wait(batch_id)
+        answer = self.rollout.answer_rows(rows, played, trainer)
+        counters = self.read_counters()
+        cut = {k: counters[k] - self.counters[k] for k in CUT_FIGURES}
+        self.counters = counters
+        versions: dict[int, int] = {}
+        straddling = 0
+        for sequence in self.rollout.last_sequences:
+            made = [v for v in sequence.token_versions if v >= 0]
+            straddling += len(set(made)) > 1
+            for version in made:
+                versions[version] = versions.get(version, 0) + 1
+        info = {
+            "submitted_ahead": ahead,
+            **cut,
+            "tokens_by_version": {str(v): versions[v] for v in sorted(versions)},
+            "samples_straddling_a_push": straddling,
+        }
+        self.calls += 1
+        if self.expected is not None and [prompt_key(p) for p in self.expected] != key:
+            self.misses += 1  # the copied sampler and TRL's disagree from here on
+        self.expected = next(self.upcoming)
+        return answer, info
+
+
+def first_pause(client: Any, tries: int = 3) -> None:
+    """``pause("wait")`` on a fresh engine, tried again on an HTTP 500: Ray Serve LLM's
+    control route can fail its first broadcast on a new replica under heavy load (its
+    request router fetches its event loop lazily: "no running event loop")."""
+    from rayrollout.client.errors import ServiceError
+
+    for attempt in range(1, tries + 1):
+        try:
+            client.pause("wait")
+            return
+        except ServiceError as exc:
+            if attempt == tries or exc.status != 500:
+                raise
+            print(f"pause failed ({str(exc)[:200]}); trying again", file=sys.stderr, flush=True)
+            time.sleep(10)
+
+
 def train_seed(args: argparse.Namespace, seed: int, client: Any, work_dir: Path) -> list[dict]:
     """One GRPO run of TRL's trainer; returns its JSON lines (header, steps, summary)."""
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from rayrollout.client import RolloutClient
     from rayrollout.integrations.trl import RayrolloutRollout, episode_reward
 
     train, held_out = split(arithmetic_tasks(args.tasks), args.held_out)
@@ -254,14 +382,14 @@ def train_seed(args: argparse.Namespace, seed: int, client: Any, work_dir: Path)
                 **{
                     k: str(v) if isinstance(v, Path) else v
                     for k, v in vars(args).items()
-                    if k not in ("plot", "png", "seeds", "results")
+                    if k not in ("plot", "png", "seeds", "results", "token")
                 },
             }
         }
     ]
     if not args.trl_generation:
         # The base weights back into vLLM (a previous seed trained them), then held-out before.
-        client.pause("wait")
+        first_pause(client)
         try:
             client.update_weights(str(args.model))
         finally:
@@ -271,23 +399,41 @@ def train_seed(args: argparse.Namespace, seed: int, client: Any, work_dir: Path)
 
     timing: dict[str, float] = {}
     batch: dict[str, Any] = {}
+    interrupt = args.pause_mode == "interrupt" and not args.trl_generation
     rollout = (
         None
         if args.trl_generation
-        else RayrolloutRollout(client, train, max_staleness=0, trainable=("ok", "truncated"))
+        else RayrolloutRollout(
+            client,
+            train,
+            max_staleness=1 if interrupt else 0,  # a cut sample began one version back
+            trainable=("ok", "truncated"),
+        )
+    )
+    ahead = (
+        Lookahead(rollout, RolloutClient(client.url, args.token), args.overlap, args.steps)
+        if interrupt
+        else None
     )
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         assert rollout is not None
         started = time.monotonic()
-        answer = rollout(prompts, trainer)
+        if ahead is not None:
+            answer, batch["cut"] = ahead(prompts, trainer)
+        else:
+            answer = rollout(prompts, trainer)
         timing["generate"] = time.monotonic() - started
         batch["rewards"] = answer["rayrollout_reward"]
         batch["statuses"] = answer["rayrollout_status"]
         batch["versions"] = answer["rayrollout_policy_version"]
         return answer
 
-    sync = rollout.weight_sync(run_dir / "checkpoints") if rollout is not None else None
+    sync = (
+        rollout.weight_sync(run_dir / "checkpoints", pause_mode=args.pause_mode)
+        if rollout is not None
+        else None
+    )
 
     class Clock(TrainerCallback):
         """Times each step and its parts; pushes the weights (``sync``) inside the clock."""
@@ -298,6 +444,7 @@ def train_seed(args: argparse.Namespace, seed: int, client: Any, work_dir: Path)
 
         def on_step_end(self, a: Any, state: Any, control: Any, **kwargs: Any) -> None:
             pushed = time.monotonic()
+            held = ahead.before_push() if ahead is not None else 0.0
             if sync is not None and rollout is not None:
                 sync.on_step_end(a, state, control, **kwargs)
                 previous = run_dir / "checkpoints" / f"step-{state.global_step - 1}"
@@ -320,6 +467,11 @@ def train_seed(args: argparse.Namespace, seed: int, client: Any, work_dir: Path)
                 "seconds_step": round(end - timing["begin"], 2),
                 "finished_at": round(time.time(), 1),  # to line up runs that ran side by side
             }
+            if ahead is not None and sync is not None:
+                record["seconds_push_held"] = round(held, 2)
+                record["push_calls_in_flight"] = sync.pauses[-1].calls_in_flight
+                record.update(batch.pop("cut", {}))
+                record["lookahead_misses"] = ahead.misses
             records.append(record)
             print(json.dumps(record), flush=True)
 
@@ -406,6 +558,17 @@ def summarize(records: list[dict[str, Any]], margin: float, seed: int) -> dict[s
             k: round(sum(r[k] for r in timed) / len(timed), 2) for k in parts
         },
     }
+    if any("push_calls_in_flight" in r for r in steps):  # --pause-mode interrupt
+        summary["pushes_meeting_calls_in_flight"] = sum(
+            r.get("push_calls_in_flight", 0) > 0 for r in steps
+        )
+        summary["calls_cut"] = sum(r.get("interrupted", 0) for r in steps)
+        summary["tokens_kept"] = sum(r.get("kept_tokens", 0) for r in steps)
+        summary["tokens_discarded"] = sum(r.get("discarded_tokens", 0) for r in steps)
+        summary["samples_straddling_a_push"] = sum(
+            r.get("samples_straddling_a_push", 0) for r in steps
+        )
+        summary["lookahead_misses"] = steps[-1].get("lookahead_misses", 0)
     if before and after:
         summary["held_out_before"] = before["mean_reward"]
         summary["held_out_after"] = after["mean_reward"]
@@ -465,8 +628,11 @@ def results(files: list[str], path: str) -> dict[str, Any]:
                 **{k: r[k] for r in lines for k in ("held_out_before", "held_out_after") if k in r},
             }
         )
+    command = "python benchmarks/trl_grpo_smollm2.py --seeds 0 1 --steps 15 --margin 0.1"
+    if any(run["config"].get("pause_mode") == "interrupt" for run in runs):
+        command += " --pause-mode interrupt"
     out: dict[str, Any] = {
-        "command": "python benchmarks/trl_grpo_smollm2.py --seeds 0 1 --steps 15 --margin 0.1",
+        "command": command,
         "benchmark": "trl_grpo_smollm2",
         "runs": runs,
     }
@@ -526,6 +692,20 @@ def main() -> None:
         "--trl-generation",
         action="store_true",
         help="TRL's own generation instead of rayrollout (use_vllm=False; for the timing)",
+    )
+    parser.add_argument(
+        "--pause-mode",
+        choices=("wait", "interrupt"),
+        default="wait",
+        help="how each weight push pauses the engine; interrupt: the next batch is "
+        "generated during training and the push cuts its calls (see the module docstring)",
+    )
+    parser.add_argument(
+        "--overlap",
+        type=float,
+        default=0.5,
+        help="with --pause-mode interrupt: the share of the next batch's samples that "
+        "finish before the push (the rest are in flight, for it to cut)",
     )
     parser.add_argument("--model", type=Path, default=MODEL_CACHE / "smollm2-135m-instruct-v1")
     parser.add_argument(

@@ -296,11 +296,11 @@ def test_show_prints_each_turns_version_spans():
     assert "3 (0-1), 4 (2-5)" in console.export_text()
 
 
-def run_config(kind: str, **policy: Any) -> RunConfig:
+def run_config(kind: str, mode: str = "interrupt", **policy: Any) -> RunConfig:
     return RunConfig.model_validate(
         {
             "policy": {"kind": kind, "model": "m", **policy},
-            "training": {"pause_mode": "interrupt"},
+            "training": {"pause_mode": mode},
         }
     )
 
@@ -315,6 +315,41 @@ def test_a_kind_that_cannot_interrupt_refuses_the_mode_by_name():
     with pytest.raises(ConfigError, match="prompt_mode: token_ids"):
         check_policy(run_config("vllm", prompt_mode="messages", vllm_config="x.yaml"))
     assert check_policy(run_config("vllm", vllm_config="x.yaml")).name == "vllm"
+
+
+async def test_continue_on_vllm_chat_calls_is_refused_by_name_where_the_cut_is_unknown():
+    """vLLM's chat path (prompt_mode 'messages') finishes a call under the new weights with
+    no position of the cut, so 'continue' is refused there, in the config and at pause();
+    token-ids mode, and kinds whose server takes no weights from the engine, keep it."""
+    from rayrollout.data.config import ConfigError
+    from rayrollout.engine.weights import WeightSync
+    from rayrollout.policy.kinds import check_policy
+
+    chat = run_config("vllm", "continue", prompt_mode="messages", vllm_config="x.yaml")
+    with pytest.raises(ConfigError, match="pause_mode 'continue'.*prompt_mode: token_ids"):
+        check_policy(chat)
+    for allowed in (
+        run_config("vllm", "continue", vllm_config="x.yaml"),
+        run_config("vllm", "continue", prompt_mode="token_ids", vllm_config="x.yaml"),
+        run_config("scripted", "continue"),
+        run_config("openai", "continue", base_url="http://127.0.0.1:1/v1"),
+    ):
+        check_policy(allowed)
+
+    class Backend:
+        paused: list[str] = []
+
+        async def pause(self, mode: str) -> None:
+            self.paused.append(mode)
+
+        async def resume(self) -> None:
+            return None
+
+    sync = WeightSync(chat, "http://127.0.0.1:1/v1", [], None)  # no worker, no server
+    sync.backend = Backend()
+    with pytest.raises(ValueError, match="pause mode 'continue' refused.*no position of the cut"):
+        await sync.pause("continue")
+    assert Backend.paused == []  # refused before anything paused
 
 
 async def test_a_constrained_call_cannot_resume_its_constraint_and_is_made_again(served):

@@ -316,8 +316,10 @@ class TrainingConfig(_Config):
         "'abort_and_retry' cancels them and sends them again after resume() under the new "
         "version; 'interrupt' stops them at once, keeps the tokens generated so far and "
         "continues each from them under the new weights after resume() (kinds that can: "
-        "vllm in token-ids mode); 'continue' returns at once and lets them go on. Every "
-        "token records the version that made it (Turn.token_versions).",
+        "vllm in token-ids mode); 'continue' returns at once and lets them go on (on vllm "
+        "as 'interrupt'; refused with prompt_mode 'messages', whose chat answers do not say "
+        "where an update cut them). Every token records the version that made it "
+        "(Turn.token_versions).",
     )
     max_staleness: int | None = Field(
         default=None,

@@ -37,6 +37,7 @@ from rayrollout.policy.gate import PAUSE_MODES, PauseMode
 from rayrollout.policy.kinds import (
     WeightBackend,
     WeightUpdateError,
+    continue_refusal,
     interrupt_refusal,
     policy_kind,
 )
@@ -130,6 +131,10 @@ class WeightSync:
             refusal = interrupt_refusal(self.kind, self.config)
             if refusal is not None:
                 raise ValueError(f"pause mode 'interrupt' refused: {refusal}")
+        if mode == "continue":
+            refusal = continue_refusal(self.kind, self.config)
+            if refusal is not None:
+                raise ValueError(f"pause mode 'continue' refused: {refusal}")
         async with self.lock:
             return await self._pause(mode)
 

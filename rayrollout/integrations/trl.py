@@ -21,6 +21,8 @@ vLLM path does not correct stale logprobs, so stale samples must not train. More
 ``rollout.weight_sync(save_dir)`` is the ``TrainerCallback`` that, after each optimizer step
 (or every ``every``), saves the model as safetensors and calls the engine's
 ``update_weights`` with the folder, so the next batch is played by the new weights.
+``pause_mode="interrupt"`` lets a push cut a batch submitted ahead of TRL (``batch_rows``,
+``answer_rows``): its calls keep their tokens and go on under the new weights.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rayrollout.client import RolloutClient
+from rayrollout.client.models import PauseAnswer, PauseMode
 from rayrollout.errors import InputError
 from rayrollout.integrations.errors import TooManyDroppedError
 from rayrollout.integrations.sequences import ENVIRONMENT_VERSION, Sequence, flatten, group_rows
@@ -125,6 +128,13 @@ class RayrolloutRollout:
         return task
 
     def __call__(self, prompts: list[Any], trainer: Any = None) -> dict[str, list[Any]]:
+        rows, n = self.batch_rows(prompts)
+        return self.answer_rows(rows, self.client.generate(rows, n=n), trainer)
+
+    def batch_rows(self, prompts: list[Any]) -> tuple[list[dict[str, Any]], int]:
+        """The task rows and samples per task of one TRL batch of ``prompts`` (what
+        ``__call__`` submits; a caller that submits the batch itself, ahead of TRL, uses
+        it with ``answer_rows``)."""
         runs: list[tuple[Any, int]] = []  # (prompt, repeats), in order
         for prompt in prompts:
             if runs and runs[-1][0] == prompt:
@@ -139,8 +149,13 @@ class RayrolloutRollout:
             task = dict(self._task(prompt, i))
             task["task_id"] = f"{task.get('task_id') or 'task'}#{i}"  # a prompt may repeat
             rows.append(task)
-        n = sizes.pop()
-        groups = group_rows(self.client.generate(rows, n=n))
+        return rows, sizes.pop()
+
+    def answer_rows(
+        self, rows: list[dict[str, Any]], played: list[Any], trainer: Any = None
+    ) -> dict[str, list[Any]]:
+        """TRL's answer for the batch ``batch_rows`` made, from the rows the engine played."""
+        groups = group_rows(played)
         sequences = [
             flatten(row, self.mask_forced) for task in rows for row in groups[task["task_id"]]
         ]
@@ -199,10 +214,18 @@ class RayrolloutRollout:
             )
         return out
 
-    def weight_sync(self, save_dir: str | Path, every: int = 1, send_path: bool = True) -> Any:
+    def weight_sync(
+        self,
+        save_dir: str | Path,
+        every: int = 1,
+        send_path: bool = True,
+        pause_mode: PauseMode = "wait",
+    ) -> Any:
         """The callback that pushes the model to the engine every ``every`` steps
-        (``send_path=False``: saves it, and moves only the engine's version)."""
-        return WeightSync(self, Path(save_dir), every, send_path)
+        (``send_path=False``: saves it, and moves only the engine's version). ``pause_mode``
+        is how the push treats calls in flight (``"interrupt"``: stopped, their tokens kept
+        and continued under the new weights; see ``pauses``)."""
+        return WeightSync(self, Path(save_dir), every, send_path, pause_mode)
 
 
 def pad_id(trainer: Any) -> int:
@@ -219,12 +242,19 @@ class WeightSync(TrainerCallback):
     """Save the model and load it into the engine after every ``every`` optimizer steps."""
 
     def __init__(
-        self, rollout: RayrolloutRollout, save_dir: Path, every: int = 1, send_path: bool = True
+        self,
+        rollout: RayrolloutRollout,
+        save_dir: Path,
+        every: int = 1,
+        send_path: bool = True,
+        pause_mode: PauseMode = "wait",
     ) -> None:
         self.rollout = rollout
         self.save_dir = save_dir
         self.every = every
         self.send_path = send_path
+        self.pause_mode = pause_mode
+        self.pauses: list[PauseAnswer] = []  # one per push: the calls in flight it met
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **_: Any) -> None:
         if model is None or state.global_step % self.every:
@@ -232,7 +262,7 @@ class WeightSync(TrainerCallback):
         path = (self.save_dir / f"step-{state.global_step}").resolve()
         model.save_pretrained(path, safe_serialization=True)
         client = self.rollout.client
-        client.pause("wait")
+        self.pauses.append(client.pause(self.pause_mode))
         try:
             version = client.update_weights(str(path) if self.send_path else None).version
         finally:

@@ -42,6 +42,7 @@ __all__ = [
     "WeightUpdateError",
     "check_policy",
     "checked_policy",
+    "continue_refusal",
     "kind_settings",
     "interrupt_refusal",
     "policy_kind",
@@ -236,6 +237,24 @@ def interrupt_refusal(kind: PolicyKind, config: RunConfig) -> str | None:
     return None if reason is None else f"policy kind '{kind.name}': {reason}"
 
 
+def continue_refusal(kind: PolicyKind, config: RunConfig) -> str | None:
+    """Why pause mode 'continue' cannot give each token the version that made it with this
+    kind and config, or None. A kind that loads weights into the server its calls run on
+    (one that can interrupt) knows where an update cut a call only when it can stop and
+    continue it; with any other config the server would finish the call under the new
+    weights and say nothing of where the cut fell. Kinds whose server does not take
+    weights from the engine (``scripted``, ``openai``) are not concerned."""
+    if kind.interrupt is None or kind.interrupt(config) is None:
+        return None
+    return (
+        f"policy kind '{kind.name}': pause_mode 'continue' would let the server finish a "
+        "call under the new weights without saying where the update cut it (a chat call, "
+        "prompt_mode 'messages', returns no position of the cut), so its tokens could not "
+        "each carry the version that made them: set policy.prompt_mode: token_ids, or use "
+        "pause_mode 'wait' or 'abort_and_retry'"
+    )
+
+
 def _not_a_setting(kind: str, key: str, model: type[BaseModel]) -> str:
     """Why ``key`` is refused: neither a common policy key nor one of the kind's."""
     known = sorted({*PolicyConfig.model_fields, *model.model_fields})
@@ -261,6 +280,10 @@ def check_policy(config: RunConfig) -> PolicyKind:
     settings = kind_settings(config, kind.settings_model)
     if config.training.pause_mode == "interrupt":
         refusal = interrupt_refusal(kind, config)
+        if refusal is not None:
+            raise ConfigError(f"invalid config: training.pause_mode: {refusal}")
+    if config.training.pause_mode == "continue":
+        refusal = continue_refusal(kind, config)
         if refusal is not None:
             raise ConfigError(f"invalid config: training.pause_mode: {refusal}")
     if kind.check is not None:

@@ -34,8 +34,9 @@ __all__ = ["VLLM", "VllmSettings", "VllmWeights", "build_vllm_policy_app"]
 # vLLM's pause_generation mode per rayrollout pause mode: agents have already finished
 # ('wait') or cancelled ('abort_and_retry') their calls; 'interrupt' aborts those in flight,
 # which answer with their tokens so far, and the gate continues them after resume. So does
-# 'continue' in token-ids mode (each token's version is then known); with prompt_mode
-# 'messages' a stopped chat call could not go on, so 'continue' freezes it ('keep').
+# 'continue' in token-ids mode (each token's version is then known). With prompt_mode
+# 'messages' the engine refuses 'continue' (kinds.continue_refusal); this backend, used
+# without it, freezes such calls ('keep'), since a stopped chat call could not go on.
 _VLLM_PAUSE = {
     "wait": "keep",
     "abort_and_retry": "abort",
