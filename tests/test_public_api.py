@@ -183,6 +183,9 @@ NOT_ERRORS = {
     "rayrollout.agentkit.gateway._HttpError",
     # The same for the rollout service's routes (rayrollout/api/service/routes.py).
     "rayrollout.api.service.engine_link.HttpError",
+    # A worker that no longer holds its session, raised and caught in the engine actor's
+    # session loop, which opens a new session: control flow inside one actor.
+    "rayrollout.engine.engine_actor._SessionLost",
 }
 
 
