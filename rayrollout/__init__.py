@@ -51,19 +51,18 @@ if TYPE_CHECKING:
         FrontPortTaken,
         UnknownAgentError,
     )
-    from rayrollout.api.collect import InvalidTasksError, OutputNotEmptyError
     from rayrollout.api.errors import (
         CursorGoneError,
         EngineDiedError,
         EngineExistsError,
-        NotUpError,
-        OpenJournalsError,
-    )
-    from rayrollout.api.preflight import (
         EnvironmentCheckError,
         EnvironmentUnavailableError,
         EnvironmentUrlError,
+        InvalidTasksError,
+        NotUpError,
+        OpenJournalsError,
         OutputFolderError,
+        OutputNotEmptyError,
         PolicyCheckError,
         PreflightError,
         TasksFileError,
@@ -85,15 +84,16 @@ if TYPE_CHECKING:
         ExportError,
         HeadReadError,
         ImageError,
+        InvalidTaskError,
         LateImages,
         PartError,
+        RowRefused,
         ShardReadError,
         WriterError,
     )
     from rayrollout.data.schema import Message, Task, Trajectory, trajectory_arrow_schema
-    from rayrollout.data.tasks import InvalidTaskError, RowRefused, read_tasks
-    from rayrollout.engine.errors import LocalHeadError, WeightsPathError
-    from rayrollout.engine.startup import PolicyEndpointError
+    from rayrollout.data.tasks import read_tasks
+    from rayrollout.engine.errors import LocalHeadError, PolicyEndpointError, WeightsPathError
     from rayrollout.envkit import Environment, Episode, ToolError, ToolResult, Verification, tool
     from rayrollout.envkit.errors import (
         ActionRejected,
@@ -134,13 +134,13 @@ if TYPE_CHECKING:
         PolicyTimeout,
         StaleEpisode,
         TemplateError,
+        UnknownPolicyKindError,
+        WeightUpdateError,
     )
     from rayrollout.policy.kinds import (
         FixedWeights,
         OwnServer,
         PolicyKind,
-        UnknownPolicyKindError,
-        WeightUpdateError,
         kind_settings,
     )
 
@@ -181,9 +181,9 @@ _HOMES = {
     "EnvironmentBoundaryError": "rayrollout.errors",
     "OutputError": "rayrollout.errors",
     "ClusterError": "rayrollout.errors",
-    "InvalidTaskError": "rayrollout.data.tasks",
-    "InvalidTasksError": "rayrollout.api.collect",
-    "OutputNotEmptyError": "rayrollout.api.collect",
+    "InvalidTaskError": "rayrollout.data.errors",
+    "InvalidTasksError": "rayrollout.api.errors",
+    "OutputNotEmptyError": "rayrollout.api.errors",
 }
 
 # Every other public class of the error tree -> its module, so any error imports from here.
@@ -204,12 +204,12 @@ _ERROR_HOMES = {
     "EngineExistsError": "rayrollout.api.errors",
     "EngineGoneError": "rayrollout.client.errors",
     "EnvironmentArgsError": "rayrollout.envkit.errors",
-    "EnvironmentCheckError": "rayrollout.api.preflight",
+    "EnvironmentCheckError": "rayrollout.api.errors",
     "EnvironmentLost": "rayrollout.envkit.errors",
     "EnvironmentRoutingError": "rayrollout.envkit.errors",
     "EnvironmentSetupFailed": "rayrollout.envkit.errors",
-    "EnvironmentUnavailableError": "rayrollout.api.preflight",
-    "EnvironmentUrlError": "rayrollout.api.preflight",
+    "EnvironmentUnavailableError": "rayrollout.api.errors",
+    "EnvironmentUrlError": "rayrollout.api.errors",
     "EpisodesFailedError": "rayrollout.errors",
     "ExportError": "rayrollout.data.errors",
     "FrontPortTaken": "rayrollout.agentkit.errors",
@@ -223,22 +223,22 @@ _ERROR_HOMES = {
     "NemoGymError": "rayrollout.envkit.errors",
     "OpenEnvError": "rayrollout.envkit.errors",
     "OpenJournalsError": "rayrollout.api.errors",
-    "OutputFolderError": "rayrollout.api.preflight",
+    "OutputFolderError": "rayrollout.api.errors",
     "PartError": "rayrollout.data.errors",
-    "PolicyCheckError": "rayrollout.api.preflight",
-    "PolicyEndpointError": "rayrollout.engine.startup",
+    "PolicyCheckError": "rayrollout.api.errors",
+    "PolicyEndpointError": "rayrollout.engine.errors",
     "PolicyError": "rayrollout.policy.errors",
     "PolicyTimeout": "rayrollout.policy.errors",
-    "PreflightError": "rayrollout.api.preflight",
+    "PreflightError": "rayrollout.api.errors",
     "ResetStepError": "rayrollout.envkit.errors",
-    "RowRefused": "rayrollout.data.tasks",
+    "RowRefused": "rayrollout.data.errors",
     "ServiceBusyError": "rayrollout.client.errors",
     "ServiceError": "rayrollout.client.errors",
     "NotUpError": "rayrollout.api.errors",
     "SessionNotOpen": "rayrollout.envkit.errors",
     "ShardReadError": "rayrollout.data.errors",
     "StaleEpisode": "rayrollout.policy.errors",
-    "TasksFileError": "rayrollout.api.preflight",
+    "TasksFileError": "rayrollout.api.errors",
     "TemplateError": "rayrollout.policy.errors",
     "TooManyDroppedError": "rayrollout.integrations.errors",
     "TooManyFailuresError": "rayrollout.integrations.errors",
@@ -246,8 +246,8 @@ _ERROR_HOMES = {
     "UnauthorizedError": "rayrollout.client.errors",
     "UnknownAgentError": "rayrollout.agentkit.errors",
     "UnknownEnvironmentError": "rayrollout.envkit.errors",
-    "UnknownPolicyKindError": "rayrollout.policy.kinds",
-    "WeightUpdateError": "rayrollout.policy.kinds",
+    "UnknownPolicyKindError": "rayrollout.policy.errors",
+    "WeightUpdateError": "rayrollout.policy.errors",
     "WeightsPathError": "rayrollout.engine.errors",
     "WriterError": "rayrollout.data.errors",
 }
