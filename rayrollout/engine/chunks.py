@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from rayrollout.data.writer import SCHEMA
 
-__all__ = ["ChunkRows", "WorkerReport", "summarize"]
+__all__ = ["ChunkRows", "WorkerReport", "summarize", "warm_arrow"]
 
 _ROW_TYPE = pa.struct(SCHEMA)
 
@@ -123,6 +123,13 @@ def _table(arrow: bytes) -> pa.Table:
     if not arrow:
         return SCHEMA.empty_table()
     return pa.ipc.open_stream(arrow).read_all()
+
+
+def warm_arrow() -> None:
+    """Build one empty table of the row schema: Arrow imports pandas and its compute functions
+    at the first table it builds, which a worker pays when it is made, not in its first chunk
+    (where it held every episode of the worker for a second)."""
+    _ipc([])
 
 
 def _ipc(rows: list[dict[str, Any]]) -> bytes:

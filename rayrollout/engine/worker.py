@@ -24,7 +24,7 @@ from rayrollout.agentkit.episode import GatewayOpener
 from rayrollout.agentkit.gateway import Gateway
 from rayrollout.agentkit.registry import agent_spec, resolve_agent
 from rayrollout.data.config import RunConfig
-from rayrollout.engine.chunks import ChunkRows, WorkerReport
+from rayrollout.engine.chunks import WorkerReport, warm_arrow
 from rayrollout.engine.episode_frame import EpisodeSpec, failed_trajectory, run_episode
 from rayrollout.engine.feeding import worker_share
 from rayrollout.engine.worker_parts import Finished, PartsTarget, WorkerParts
@@ -301,9 +301,7 @@ class WorkerActor:
         self.parts: dict[PartsTarget, WorkerParts] = {}
         self.opening = asyncio.Lock()  # concurrent calls open a target's writer once
         self.sessions: dict[str, WorkerSession] = {}  # the engine's, by id: one at a time
-        # Arrow imports pandas and its compute functions at the first table it builds: here,
-        # not in the first chunk, where it held every episode of the worker for a second.
-        ChunkRows.from_rows([], [])
+        warm_arrow()
         tune_gc()  # about a fifth of a worker's CPU went to the collector (gc_tuning)
 
     async def open(
