@@ -325,5 +325,9 @@ def test_engine_killed_mid_run_says_so_in_one_line_and_resume_finishes_the_run(
         resumed = engine.collect(tasks(n_tasks), num_repeats=repeats).trajectories()
     before = [t for t in RunFolder(tmp_path / "out").trajectories() if t not in resumed]
     expected = {(f"t{i}", s) for i in range(n_tasks) for s in range(repeats)}
-    assert len(before) == len(written)
+    # Workers write their own parts: one may still commit episodes it finished after the
+    # engine died, until the resumed engine takes the folder's fence. Every row written at
+    # the death stays, none is played again, and none is missing or twice (below).
+    assert written <= {(t.task_id, t.sample_index) for t in before}
+    assert not written & {(t.task_id, t.sample_index) for t in resumed}
     check_exactly_once(before + resumed, expected, len(killed))
