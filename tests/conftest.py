@@ -2,6 +2,8 @@
 
 import pytest
 
+from rayrollout.data.run_folder import RunFolder
+
 
 @pytest.fixture(scope="session")
 def real_run(tmp_path_factory, serve_session):
@@ -10,3 +12,12 @@ def real_run(tmp_path_factory, serve_session):
     from exports import collect_run, real_task_lines  # here, not at the top: few files need it
 
     return collect_run(tmp_path_factory.mktemp("export-run"), real_task_lines(), serve_session)
+
+
+@pytest.fixture
+def engine_lock(tmp_path):
+    """The folder's lock, held by this process as the engine holds it."""
+    folder = RunFolder(tmp_path)
+    folder.take_lock()
+    yield folder
+    folder.release_lock()

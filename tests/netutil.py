@@ -5,6 +5,7 @@ import asyncio
 import socket
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Self
@@ -47,7 +48,7 @@ class ServedApp:
         self.thread.join(timeout=10)
 
 
-class AiohttpInThread:
+class AiohttpInThread(ABC):
     """An aiohttp app on a free 127.0.0.1 port, on an event loop of its own thread, for the
     length of a ``with`` block: a stand-in model server the code under test calls over
     HTTP (``base_url`` ends in ``/v1``). A subclass adds its routes in ``routes``."""
@@ -58,9 +59,9 @@ class AiohttpInThread:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._runner: web.AppRunner | None = None
 
+    @abstractmethod
     def routes(self, app: web.Application) -> None:
         """Add the app's routes."""
-        raise NotImplementedError
 
     def __enter__(self) -> Self:
         self._thread.start()

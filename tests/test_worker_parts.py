@@ -28,15 +28,6 @@ def target(tmp_path, holder_pid: int, rows_per_part: int = 2, flush_s: float = 3
     return PartsTarget(str(tmp_path), "parquet", "run", holder_pid, rows_per_part, flush_s, "n")
 
 
-@pytest.fixture
-def engine_lock(tmp_path):
-    """The folder's lock, held by this process as the engine holds it."""
-    folder = RunFolder(tmp_path)
-    folder.take_lock()
-    yield folder
-    folder.release_lock()
-
-
 async def test_rows_go_to_whole_parts_by_size_and_age_and_each_call_hears_of_its_own(
     tmp_path, engine_lock
 ):

@@ -46,14 +46,6 @@ def parts_in(tmp_path, rows_per_part: int = 100) -> WorkerParts:
     return WorkerParts(target, "w0")
 
 
-@pytest.fixture
-def engine_lock(tmp_path):
-    folder = RunFolder(tmp_path)
-    folder.take_lock()
-    yield folder
-    folder.release_lock()
-
-
 async def test_many_episodes_ending_apart_share_a_few_reports_and_only_waited_rows_travel():
     gates = {f"t{i}": asyncio.Event() for i in range(40)}
     session = WorkerSession(played(gates), parts=None, interval_s=0.2)

@@ -46,7 +46,7 @@ class WorkerSession:
         self.parts = parts
         self.interval_s = interval_s
         self.changed = asyncio.Event()  # something to report: an episode ended, a part renamed
-        self.commits = ChunkCommits(changed=self.changed)  # this session's rows in ``parts``
+        self.commits = ChunkCommits(changed=self.changed)  # the open session's rows in ``parts``
         self.running: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.finished: list[int] = []
         self.summaries: list[dict[str, Any]] = []
@@ -62,7 +62,7 @@ class WorkerSession:
         for seq, spec, write in episodes:
             write = write and self.parts is not None
             if seq in self.running:
-                continue  # sent again on this session: it is already playing
+                continue  # sent again on the open session: it is already playing
             if write and self.parts is not None and self.parts.earlier:
                 found = self.parts.written_before(spec.key)
                 if found is not None:
@@ -97,7 +97,7 @@ class WorkerSession:
 
     async def reports(self) -> AsyncIterator[WorkerReport]:
         """What happened since the last report, as it happens, at most one report per
-        ``interval_s``; raises when a part of this session's rows could not be written."""
+        ``interval_s``; raises when a part of the session's rows could not be written."""
         while not self.closed:
             await self.changed.wait()
             if self.closed:
