@@ -33,8 +33,8 @@ the per-step reward of several runs into a PNG.
 ``--pause-mode interrupt`` pushes each step's weights with ``pause("interrupt")`` while the
 next batch is already being generated: the script reads the next step's prompts from a copy
 of TRL's own sampler, submits that batch at the end of the step, and holds the push until
-``--overlap`` of its samples have finished (``seconds_push_held``; the push is held for
-the cuts, so this mode's step times say nothing of speed). The push
+``--overlap`` of its samples have finished and a call is in flight (``seconds_push_held``;
+the push is held for the cuts, so this mode's step times say nothing of speed). The push
 stops the calls in flight; their tokens are kept and continued under the new weights (the
 forced tool-call turn, whose constraint cannot resume, is generated again: ``discarded``).
 Each step records the calls the push cut, the tokens kept and discarded, and how many of the
@@ -284,16 +284,21 @@ class Lookahead:
         return {k: int(calls.get(k, 0)) for k in CUT_FIGURES}
 
     def before_push(self) -> float:
-        """Submit the next batch and wait until ``overlap`` of its samples have finished
-        (the rest are in flight, for the push to cut); returns the seconds waited."""
+        """Submit the next batch, wait until ``overlap`` of its samples have finished, then
+        until the policy has a call in flight (the batch's episodes end close together, so
+        a share alone can land between calls); returns the seconds waited."""
         if self.expected is None or self.calls >= self.steps:
             return 0.0
         rows, n = self.rollout.batch_rows(self.expected)
         submitted = time.monotonic()
         status = self.client.submit(rows, n)
         self.pending = (self.expected, status.batch_id, rows, submitted)
-        while status.finished < self.overlap * status.samples and not status.done:
-            time.sleep(0.25)
+        while not status.done:
+            if status.finished >= self.overlap * status.samples:
+                calls = self.client.stats().policy_calls or {}
+                if int(calls.get("in_flight", 0)) > 0:
+                    break
+            time.sleep(0.05)
             status = self.client.batch(status.batch_id)
         return time.monotonic() - submitted
 
@@ -703,9 +708,9 @@ def main() -> None:
     parser.add_argument(
         "--overlap",
         type=float,
-        default=0.5,
+        default=0.25,
         help="with --pause-mode interrupt: the share of the next batch's samples that "
-        "finish before the push (the rest are in flight, for it to cut)",
+        "finish before the push, which then waits for a call in flight to cut",
     )
     parser.add_argument("--model", type=Path, default=MODEL_CACHE / "smollm2-135m-instruct-v1")
     parser.add_argument(
