@@ -277,18 +277,21 @@ class Lookahead:
         self.pending: tuple[list[Any], str, list[dict[str, Any]], float] | None = None
         self.calls = 0
         self.misses = 0
+        self.held = 0.0  # the seconds the last push was held for the batch ahead
         self.counters = self.read_counters()
 
     def read_counters(self) -> dict[str, int]:
         calls = self.client.stats().policy_calls or {}  # the service answers a dict
         return {k: int(calls.get(k, 0)) for k in CUT_FIGURES}
 
-    def before_push(self) -> float:
-        """Submit the next batch, wait until ``overlap`` of its samples have finished, then
-        until the policy has a call in flight (the batch's episodes end close together, so
-        a share alone can land between calls); returns the seconds waited."""
+    def before_push(self) -> None:
+        """Run by the weight push once the checkpoint is saved: submit the next batch, wait
+        until ``overlap`` of its samples have finished, then until the policy has a call in
+        flight (the batch's episodes end close together, so a share alone can land between
+        calls); ``held`` is the seconds waited."""
+        self.held = 0.0
         if self.expected is None or self.calls >= self.steps:
-            return 0.0
+            return
         rows, n = self.rollout.batch_rows(self.expected)
         submitted = time.monotonic()
         status = self.client.submit(rows, n)
@@ -300,7 +303,7 @@ class Lookahead:
                     break
             time.sleep(0.05)
             status = self.client.batch(status.batch_id)
-        return time.monotonic() - submitted
+        self.held = time.monotonic() - submitted
 
     def __call__(self, prompts: list[Any], trainer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         from rayrollout.integrations.trl import prompt_key
@@ -435,7 +438,11 @@ def train_seed(args: argparse.Namespace, seed: int, client: Any, work_dir: Path)
         return answer
 
     sync = (
-        rollout.weight_sync(run_dir / "checkpoints", pause_mode=args.pause_mode)
+        rollout.weight_sync(
+            run_dir / "checkpoints",
+            pause_mode=args.pause_mode,
+            before_pause=ahead.before_push if ahead is not None else None,
+        )
         if rollout is not None
         else None
     )
@@ -449,7 +456,6 @@ def train_seed(args: argparse.Namespace, seed: int, client: Any, work_dir: Path)
 
         def on_step_end(self, a: Any, state: Any, control: Any, **kwargs: Any) -> None:
             pushed = time.monotonic()
-            held = ahead.before_push() if ahead is not None else 0.0
             if sync is not None and rollout is not None:
                 sync.on_step_end(a, state, control, **kwargs)
                 previous = run_dir / "checkpoints" / f"step-{state.global_step - 1}"
@@ -473,7 +479,7 @@ def train_seed(args: argparse.Namespace, seed: int, client: Any, work_dir: Path)
                 "finished_at": round(time.time(), 1),  # to line up runs that ran side by side
             }
             if ahead is not None and sync is not None:
-                record["seconds_push_held"] = round(held, 2)
+                record["seconds_push_held"] = round(ahead.held, 2)
                 record["push_calls_in_flight"] = sync.pauses[-1].calls_in_flight
                 record.update(batch.pop("cut", {}))
                 record["lookahead_misses"] = ahead.misses

@@ -28,6 +28,7 @@ vLLM path does not correct stale logprobs, so stale samples must not train. More
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -220,12 +221,15 @@ class RayrolloutRollout:
         every: int = 1,
         send_path: bool = True,
         pause_mode: PauseMode = "wait",
+        before_pause: Callable[[], object] | None = None,
     ) -> Any:
         """The callback that pushes the model to the engine every ``every`` steps
         (``send_path=False``: saves it, and moves only the engine's version). ``pause_mode``
         is how the push treats calls in flight (``"interrupt"``: stopped, their tokens kept
-        and continued under the new weights; see ``pauses``)."""
-        return WeightSync(self, Path(save_dir), every, send_path, pause_mode)
+        and continued under the new weights; see ``pauses``). ``before_pause`` runs once the
+        checkpoint is saved, right before the pause: a trainer that overlaps generation with
+        training can hold the push there for the moment it wants."""
+        return WeightSync(self, Path(save_dir), every, send_path, pause_mode, before_pause)
 
 
 def pad_id(trainer: Any) -> int:
@@ -248,8 +252,10 @@ class WeightSync(TrainerCallback):
         every: int = 1,
         send_path: bool = True,
         pause_mode: PauseMode = "wait",
+        before_pause: Callable[[], object] | None = None,
     ) -> None:
         self.rollout = rollout
+        self.before_pause = before_pause
         self.save_dir = save_dir
         self.every = every
         self.send_path = send_path
@@ -261,6 +267,8 @@ class WeightSync(TrainerCallback):
             return
         path = (self.save_dir / f"step-{state.global_step}").resolve()
         model.save_pretrained(path, safe_serialization=True)
+        if self.before_pause is not None:
+            self.before_pause()
         client = self.rollout.client
         self.pauses.append(client.pause(self.pause_mode))
         try:
