@@ -50,6 +50,7 @@ log = logging.getLogger("rayrollout")
 
 HEAD_START_TIMEOUT_S = 180.0  # a loaded 2-core machine took 30 s; a bare one 4 s
 _STOP_GRACE_S = 10.0
+_RAYLET_WAIT_RAN_OUT = "timed out during startup"  # ray start's own error, after 30 s
 
 
 class LocalHead(BaseModel):
@@ -123,6 +124,9 @@ def start_or_join_head(config: RunConfig, env: dict[str, str]) -> LocalHead:
         config: The run's config (``ray.num_cpus``, ``ray.head_port``, ``ray.temp_dir``).
         env: The head's environment (the caller strips secrets and adds Ray's settings).
 
+    A head whose ``ray start`` ran out of Ray's own wait for its raylet is started once
+    more.
+
     Raises:
         LocalHeadError: the head did not come up within ``HEAD_START_TIMEOUT_S`` or its
             ``ray start`` ended; the message names its log.
@@ -136,9 +140,30 @@ def start_or_join_head(config: RunConfig, env: dict[str, str]) -> LocalHead:
                 "joining the local Ray an earlier `rayrollout up` started (pid %d)", head.pid
             )
         if head.address is None:
-            head.address = _wait_for_address(head, process)
+            try:
+                head.address = _wait_for_address(head, process)
+            except LocalHeadError:
+                if process is None or not _raylet_wait_ran_out(head):
+                    raise
+                log.warning(
+                    "Ray's own 30 s wait for its raylet ran out (a busy machine); "
+                    "starting the local Ray head once more (log: %s)",
+                    head.log,
+                )
+                stop_head(head)
+                head, process = _spawn(config, env)
+                head.address = _wait_for_address(head, process)
             _write_state(head)
     return head
+
+
+def _raylet_wait_ran_out(head: LocalHead) -> bool:
+    """Whether the head's ``ray start`` ended on Ray's fixed start-up wait for its raylet,
+    which a loaded machine can miss; a second start then finds the machine's caches warm."""
+    try:
+        return _RAYLET_WAIT_RAN_OUT in Path(head.log).read_text()
+    except OSError:
+        return False
 
 
 def _spawn(config: RunConfig, env: dict[str, str]) -> tuple[LocalHead, subprocess.Popen[bytes]]:

@@ -1,0 +1,108 @@
+"""The local Ray head ``up`` starts: a ``ray start`` that ends on Ray's own fixed wait for its
+raylet (a busy machine) is started once more; any other ending is reported with its log.
+
+The first start is a process that prints Ray's own error and ends, as ``ray start`` does when
+its raylet misses the wait; the second is the real ``ray start --head``, in a home and temp
+folder of its own, ended by its process group at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from netutil import free_port
+
+from rayrollout.data.config import RunConfig
+from rayrollout.engine import local_head
+from rayrollout.engine.errors import LocalHeadError
+
+RAY_ERROR = (
+    "Exception: The current node timed out during startup. This could happen because some "
+    "of the raylet failed to startup or the GCS has become overloaded."
+)
+
+
+@pytest.fixture
+def home(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A short home and Ray temp folder of the test's own (socket paths stay short)."""
+    folder = Path(tempfile.mkdtemp(prefix="rr-head-", dir="/tmp"))
+    monkeypatch.setenv("HOME", str(folder))
+    yield folder
+    head = local_head.find_head()
+    if head is not None:
+        local_head.stop_head(head)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def failing_spawn(log_text: str) -> Any:
+    """A ``_spawn`` whose head is a process that logs ``log_text`` and ends, as ``ray start``
+    does when it gives up."""
+
+    def spawn(config: RunConfig, env: dict[str, str]) -> Any:
+        log_path = local_head.head_state_path().with_name("local-ray.log")
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "w") as output:
+            process = subprocess.Popen(
+                [sys.executable, "-c", f"print({log_text!r})"],
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        head = local_head.LocalHead(
+            pid=process.pid,
+            temp_dir=config.ray.temp_dir or "",
+            log=str(log_path),
+            started_at=local_head.time.time(),
+        )
+        local_head._write_state(head)
+        return head, process
+
+    return spawn
+
+
+def config_for(home: Path) -> RunConfig:
+    return RunConfig.model_validate(
+        {"ray": {"num_cpus": 1, "head_port": free_port(), "temp_dir": str(home / "ray")}}
+    )
+
+
+def head_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {
+        "RAY_USAGE_STATS_ENABLED": "0"
+    }
+
+
+def test_a_head_that_missed_rays_raylet_wait_is_started_once_more(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_spawn = local_head._spawn
+    starts: list[str] = []
+
+    def spawn(config: RunConfig, env: dict[str, str]) -> Any:
+        starts.append("failing" if not starts else "real")
+        if len(starts) == 1:
+            return failing_spawn(RAY_ERROR)(config, env)
+        return real_spawn(config, env)
+
+    monkeypatch.setattr(local_head, "_spawn", spawn)
+    head = local_head.start_or_join_head(config_for(home), head_env())
+    assert starts == ["failing", "real"]
+    assert head.address and head.alive()
+    assert local_head.find_head() == head  # the record names the head that came up
+
+
+def test_a_head_that_ended_for_another_reason_is_reported_with_its_log(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(local_head, "_spawn", failing_spawn("ValueError: port in use"))
+    with pytest.raises(LocalHeadError, match=r"ended: ValueError: port in use \(log: "):
+        local_head.start_or_join_head(config_for(home), head_env())
+    assert local_head.find_head() is None
