@@ -14,6 +14,7 @@ import typer
 import yaml
 from netutil import free_port
 from rich.console import Console
+from trajectories import write_through
 from typer.testing import CliRunner
 
 from rayrollout.cli.commands import app
@@ -22,7 +23,7 @@ from rayrollout.cli.failures import ALL_FAILED_EXIT, reason_key, reason_of, repo
 from rayrollout.cli.progress import RunProgress, summary_table
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import EpisodeMetrics, Trajectory
-from rayrollout.data.writer import PartWriter, make_sink
+from rayrollout.data.writer import make_sink
 from rayrollout.engine.run_figures import RunSnapshot
 from rayrollout.engine.stats import EnvStats, RunStats
 
@@ -172,11 +173,7 @@ def written_run(folder: Path, outcomes: list[tuple[str, str | None]]) -> RunSnap
         ).to_row()
         for i, (status, error) in enumerate(outcomes)
     ]
-    sink = make_sink(folder, "parquet", "r")
-    sink.start()
-    writer = PartWriter(sink, 3, 60)
-    for table in writer.add(rows) + writer.drain():
-        writer.write(table)
+    write_through(make_sink(folder, "parquet", "r"), rows, 3)
     stats = RunStats()
     stats.add(rows)
     parts = [str(p) for p in RunFolder(folder).parts()]
