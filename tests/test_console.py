@@ -3,16 +3,14 @@ Ray's, Serve's and the workers' lines in the run's log file; failed episodes exp
 a run in which every episode failed ending with exit code 3."""
 
 import logging
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import typer
 import yaml
-from netutil import free_port
+from cli_run import run_demo
 from rich.console import Console
 from trajectories import write_through
 from typer.testing import CliRunner
@@ -252,18 +250,7 @@ def test_a_real_run_whose_every_episode_fails_explains_why_and_exits_3(tmp_path,
 
 def test_the_demo_console_is_quiet_and_fits_80_columns(tmp_path):
     """The real CLI in its own process and its own Ray, as a user runs it."""
-    config = tmp_path / "demo.yaml"
-    port = free_port()
-    config.write_text(yaml.safe_dump({"ray": {"serve_port": port}, "namespace": "console-demo"}))
-    out = tmp_path / "demo"
-    env = {**os.environ, "COLUMNS": "80"}
-    env.pop("RAY_ADDRESS", None)
-    command = [sys.executable, "-m", "rayrollout.cli", "demo", "--out", str(out), "-n", "2"]
-    done = subprocess.run(
-        [*command, "--config", str(config)], capture_output=True, text=True, timeout=540, env=env
-    )
-    console = done.stdout + done.stderr
-    assert done.returncode == 0, console[-3000:]
+    out, console = run_demo(tmp_path, "console-demo", 2)
     lines = console.splitlines()
     assert len(lines) < 40, console
     for noise in NOISE:
