@@ -49,15 +49,19 @@ HEADER = (
 )
 
 
-def cell(text: object) -> str:
-    """``text`` as one Markdown table cell: one line, pipes escaped."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+def _benchmark_tables() -> types.ModuleType:
+    """``benchmarks/table.py``, which renders the tables from the results and the targets."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import table
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return table
 
 
-def code(text: object) -> str:
-    """``text`` as inline code in a table cell (backticks inside it doubled around)."""
-    value = cell(text)
-    return f"`` {value} ``" if "`" in value else f"`{value}`"
+# Every page writes its table cells as the benchmark tables do: one writer of a Markdown cell.
+cell = _benchmark_tables().cell
+code = _benchmark_tables().code
 
 
 def first_paragraph(doc: str | None) -> str:
@@ -561,16 +565,6 @@ def errors_page() -> str:
 
 # ---------------------------------------------------------------------------------------------
 # Benchmarks
-
-
-def _benchmark_tables() -> types.ModuleType:
-    """``benchmarks/table.py``, which renders the tables from the results and the targets."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import table
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return table
 
 
 def benchmarks_page() -> str:

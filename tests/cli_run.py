@@ -4,10 +4,14 @@ conftest: its names import the same whichever conftest pytest loaded last)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
+from netutil import free_port
 from typer.testing import CliRunner
 
 from rayrollout.cli.commands import app
@@ -36,3 +40,25 @@ def collect_tasks(
     result = CliRunner().invoke(app, command)
     assert result.exit_code == exit_code, f"{result.output}\n{result.exception!r}"
     return out
+
+
+def run_demo(base: Path, namespace: str, episodes: int, **env: str) -> tuple[Path, str]:
+    """``rayrollout demo`` as a user runs it: its own process and its own Ray (namespace
+    ``namespace``, a free Serve port), 80 columns, ``env`` added to the environment. Returns
+    the output folder, ``base/demo``, and the console; an exit other than 0 fails the test."""
+    config = base / "demo.yaml"
+    config.write_text(yaml.safe_dump({"ray": {"serve_port": free_port()}, "namespace": namespace}))
+    out = base / "demo"
+    environ = {**os.environ, "COLUMNS": "80", **env}
+    environ.pop("RAY_ADDRESS", None)
+    command = [sys.executable, "-m", "rayrollout.cli", "demo", "--out", str(out)]
+    done = subprocess.run(
+        [*command, "-n", str(episodes), "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        env=environ,
+    )
+    console = done.stdout + done.stderr
+    assert done.returncode == 0, console[-3000:]
+    return out, console

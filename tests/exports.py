@@ -13,11 +13,12 @@ from pathlib import Path
 import datasets
 import yaml
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from trajectories import write_through
 from typer.testing import CliRunner
 
 from rayrollout.cli.commands import app
 from rayrollout.data.schema import EpisodeMetrics, FunctionCall, Message, ToolCall, Trajectory
-from rayrollout.data.writer import PartWriter, make_sink
+from rayrollout.data.writer import make_sink
 from rayrollout.deployments.vllm.tiny_model import CHAT_TEMPLATE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,12 +61,7 @@ def render(messages, tools, add_generation_prompt=False):
 
 def write_parts(directory, trajectories, fmt="jsonl", rows_per_part=3, run_id="r"):
     """The trajectories as parts of run ``run_id``, through the real sink and part writer."""
-    sink = make_sink(directory, fmt, run_id)
-    sink.start()
-    writer = PartWriter(sink, rows_per_part, 60)
-    for table in writer.add([t.to_row() for t in trajectories]) + writer.drain():
-        writer.write(table)
-    sink.complete()
+    write_through(make_sink(directory, fmt, run_id), trajectories, rows_per_part)
     return directory
 
 

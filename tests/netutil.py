@@ -20,6 +20,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def port_is_free(port: int) -> bool:
+    """Whether ``port`` on 127.0.0.1 can be bound now (nothing listens on it)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 class ServedApp:
     """An ASGI app served by uvicorn on a free 127.0.0.1 port in a daemon thread, for the
     length of a ``with`` block: a test's stand-in for a remote server (``url``)."""

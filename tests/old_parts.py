@@ -10,6 +10,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rayrollout import trajectory_arrow_schema
+from rayrollout.data.schema import Trajectory, Turn
+
+
+def new_row(*turns: Turn, **fields: Any) -> Trajectory:
+    """The row ``write_before_and_after`` writes as it is written now: task and group 'new',
+    sample 0 of environment 'e', with ``turns`` and ``fields``."""
+    return Trajectory(
+        task_id="new", sample_index=0, group_id="new", environment="e", turns=list(turns), **fields
+    )
 
 
 def write_before_and_after(

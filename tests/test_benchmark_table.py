@@ -214,7 +214,9 @@ def test_the_scaling_table_shows_each_node_count_pooled_over_the_runs(tmp_path):
     assert "3 runs" in lines[0]
 
 
-def test_runs_keeps_n_runs_of_one_command_as_one_series(tmp_path):
+def run_three_times(tmp_path: Path, main: str) -> subprocess.CompletedProcess[str]:
+    """``benchmarks/tiny.py`` (``main`` its ``main``'s body, with ``emit`` imported) run with
+    ``--runs 3``, its results kept in ``tmp_path/results``."""
     script = tmp_path / "tiny.py"
     script.write_text(
         "import sys\n"
@@ -222,14 +224,18 @@ def test_runs_keeps_n_runs_of_one_command_as_one_series(tmp_path):
         "from common import emit\n"
         "from result_files import run_benchmark\n"
         "def main():\n"
-        "    emit({'benchmark': 'tiny', 'ratio': 1.0})\n"
+        f"    {main}\n"
         "run_benchmark(main)\n"
     )
-    results = tmp_path / "results"
-    env = {**os.environ, result_files.RESULTS_ENV: str(results)}
-    done = subprocess.run(
+    env = {**os.environ, result_files.RESULTS_ENV: str(tmp_path / "results")}
+    return subprocess.run(
         [sys.executable, str(script), "--runs", "3"], env=env, capture_output=True, text=True
     )
+
+
+def test_runs_keeps_n_runs_of_one_command_as_one_series(tmp_path):
+    results = tmp_path / "results"
+    done = run_three_times(tmp_path, "emit({'benchmark': 'tiny', 'ratio': 1.0})")
     assert done.returncode == 0, done.stderr
     series = result_files.read_series(results / "tiny.json")
     assert series["command"] == "python benchmarks/tiny.py --runs 3"
@@ -238,20 +244,8 @@ def test_runs_keeps_n_runs_of_one_command_as_one_series(tmp_path):
 
 
 def test_a_failed_run_of_a_series_keeps_no_run_and_says_so(tmp_path):
-    script = tmp_path / "tiny.py"
-    script.write_text(
-        "import sys\n"
-        f"sys.path.insert(0, {str(BENCHMARKS)!r})\n"
-        "from result_files import run_benchmark\n"
-        "def main():\n"
-        "    raise SystemExit(3)\n"
-        "run_benchmark(main)\n"
-    )
     results = tmp_path / "results"
-    env = {**os.environ, result_files.RESULTS_ENV: str(results)}
-    done = subprocess.run(
-        [sys.executable, str(script), "--runs", "3"], env=env, capture_output=True, text=True
-    )
+    done = run_three_times(tmp_path, "raise SystemExit(3)")
     assert done.returncode != 0
     assert "run 1 of 3 failed (exit 3); no run of this series is kept" in done.stderr
     assert not results.exists() or not list(results.glob("*.json"))

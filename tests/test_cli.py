@@ -13,6 +13,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from trajectories import write_through
 from typer.testing import CliRunner
 
 from rayrollout.cli.commands import app
@@ -266,7 +267,7 @@ def test_external_endpoint_with_jsonl_output_never_records_the_key(
 def test_show_prints_one_episode_as_a_conversation(tmp_path):
     from trajectories import one_tool_episode
 
-    from rayrollout.data.writer import PartWriter, make_sink
+    from rayrollout.data.writer import make_sink
 
     question, arguments, answer = "What is 6 * 7?", '{"expression": "6 * 7"}', "\\\\boxed{42}."
     trajectory = one_tool_episode(
@@ -279,11 +280,7 @@ def test_show_prints_one_episode_as_a_conversation(tmp_path):
         worker="worker:0",
         played_by="tool_loop",
     )
-    sink = make_sink(tmp_path, "parquet", "r")
-    sink.start()
-    writer = PartWriter(sink, 10, 60)
-    for table in writer.add([trajectory.to_row()]) + writer.drain():
-        writer.write(table)
+    write_through(make_sink(tmp_path, "parquet", "r"), [trajectory], 10)
     code, output = invoke("show", tmp_path, "--task-id", "math-7", "--sample", "1")
     assert code == 0, output
     for text in (

@@ -3,17 +3,16 @@ Ray's, Serve's and the workers' lines in the run's log file; failed episodes exp
 a run in which every episode failed ending with exit code 3."""
 
 import logging
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import typer
 import yaml
-from netutil import free_port
+from cli_run import run_demo
 from rich.console import Console
+from trajectories import write_through
 from typer.testing import CliRunner
 
 from rayrollout.cli.commands import app
@@ -22,7 +21,7 @@ from rayrollout.cli.failures import ALL_FAILED_EXIT, reason_key, reason_of, repo
 from rayrollout.cli.progress import RunProgress, summary_table
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import EpisodeMetrics, Trajectory
-from rayrollout.data.writer import PartWriter, make_sink
+from rayrollout.data.writer import make_sink
 from rayrollout.engine.run_figures import RunSnapshot
 from rayrollout.engine.stats import EnvStats, RunStats
 
@@ -172,11 +171,7 @@ def written_run(folder: Path, outcomes: list[tuple[str, str | None]]) -> RunSnap
         ).to_row()
         for i, (status, error) in enumerate(outcomes)
     ]
-    sink = make_sink(folder, "parquet", "r")
-    sink.start()
-    writer = PartWriter(sink, 3, 60)
-    for table in writer.add(rows) + writer.drain():
-        writer.write(table)
+    write_through(make_sink(folder, "parquet", "r"), rows, 3)
     stats = RunStats()
     stats.add(rows)
     parts = [str(p) for p in RunFolder(folder).parts()]
@@ -255,18 +250,7 @@ def test_a_real_run_whose_every_episode_fails_explains_why_and_exits_3(tmp_path,
 
 def test_the_demo_console_is_quiet_and_fits_80_columns(tmp_path):
     """The real CLI in its own process and its own Ray, as a user runs it."""
-    config = tmp_path / "demo.yaml"
-    port = free_port()
-    config.write_text(yaml.safe_dump({"ray": {"serve_port": port}, "namespace": "console-demo"}))
-    out = tmp_path / "demo"
-    env = {**os.environ, "COLUMNS": "80"}
-    env.pop("RAY_ADDRESS", None)
-    command = [sys.executable, "-m", "rayrollout.cli", "demo", "--out", str(out), "-n", "2"]
-    done = subprocess.run(
-        [*command, "--config", str(config)], capture_output=True, text=True, timeout=540, env=env
-    )
-    console = done.stdout + done.stderr
-    assert done.returncode == 0, console[-3000:]
+    out, console = run_demo(tmp_path, "console-demo", 2)
     lines = console.splitlines()
     assert len(lines) < 40, console
     for noise in NOISE:

@@ -13,24 +13,15 @@ and Serve as the reader's commands do, so Serve's default port must be free.
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from docs_blocks import blocks, reader_environment, run_block, save_block
+from netutil import port_is_free
 
 ROOT = Path(__file__).resolve().parents[1]
 TUTORIALS = ROOT / "docs" / "tutorials"
-
-
-def serve_port_free(port: int = 8000) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def run_tutorial(path: Path, folder: Path) -> None:
@@ -60,7 +51,7 @@ def test_the_block_reader_sees_titles_skips_and_languages():
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("name", ["first-run.md", "first-environment.md"])
 def test_the_tutorial_runs_as_written(name, tmp_path):
-    if not serve_port_free():
+    if not port_is_free(8000):
         pytest.skip("port 8000 is taken: the tutorials' commands use Serve's default port")
     run_tutorial(TUTORIALS / name, tmp_path)
     folders = sorted(p for p in (tmp_path / "rollouts").iterdir() if p.is_dir())

@@ -13,6 +13,7 @@ import pytest
 from netutil import served_routes
 from PIL import Image
 from recording_policy import body_images, recording_scripted_policy
+from trajectories import write_through
 
 from rayrollout.data.config import PolicyConfig
 from rayrollout.data.images import ImageError, data_url, decode_data_url
@@ -26,7 +27,7 @@ from rayrollout.data.schema import (
     inline_images,
 )
 from rayrollout.data.tasks import InvalidTaskError, parse_task_row, read_tasks
-from rayrollout.data.writer import JsonlSink, ParquetSink, PartWriter
+from rayrollout.data.writer import JsonlSink, ParquetSink
 from rayrollout.envkit import Environment, Episode, Verification, tool
 from rayrollout.policy.client import PolicyClient
 
@@ -252,13 +253,7 @@ def episode(turns: int = 6) -> Trajectory:
 
 
 def write(sink_type: type, tmp_path, trajectories: list[Trajectory]):
-    sink = sink_type(tmp_path / sink_type.format, "run")
-    sink.start()
-    writer = PartWriter(sink, rows_per_part=100, flush_interval_s=60)
-    for table in writer.add([t.to_row() for t in trajectories]) + writer.drain():
-        writer.write(table)
-    sink.complete()
-    return writer.paths
+    return write_through(sink_type(tmp_path / sink_type.format, "run"), trajectories, 100)
 
 
 def test_parquet_stores_each_image_once_per_row_and_reads_back_the_same_messages(tmp_path):

@@ -12,6 +12,7 @@ import pytest
 from image_envs import picture
 from rich.console import Console
 from test_report import chromium, needs_chromium
+from trajectories import greeting, write_through
 
 from rayrollout.api.rollout_engine import RolloutEngine
 from rayrollout.cli.report import render_report
@@ -122,23 +123,8 @@ def test_the_report_lists_episodes_with_thumbnails_that_chromium_draws(image_run
 
 
 def test_a_text_only_report_has_no_images_column(tmp_path):
-    from rayrollout.data.schema import Message, Trajectory
-    from rayrollout.data.writer import ParquetSink, PartWriter
+    from rayrollout.data.writer import ParquetSink
 
-    sink = ParquetSink(tmp_path / "out", "run")
-    sink.start()
-    writer = PartWriter(sink, rows_per_part=10, flush_interval_s=60)
-    rows = [
-        Trajectory(
-            task_id="t",
-            sample_index=0,
-            group_id="g",
-            environment="e",
-            messages=[Message(role="user", content="hi")],
-        ).to_row()
-    ]
-    for table in writer.add(rows) + writer.drain():
-        writer.write(table)
-    sink.complete()
+    write_through(ParquetSink(tmp_path / "out", "run"), [greeting()], 10)
     page = render_report(tmp_path / "out")
     assert "thumb" not in page.split("</style>")[1] and ">images<" not in page

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 from netutil import served_routes
+from trajectories import greeting
 
 from rayrollout.data.config import PolicyConfig, RunConfig
-from rayrollout.data.schema import Message, Trajectory, Turn, version_spans
+from rayrollout.data.schema import Message, Turn, version_spans
 from rayrollout.policy.client import PolicyClient
 from rayrollout.policy.gate import PolicyGate, StaleEpisode
 from rayrollout.policy.tokens import DeltaRenderer
@@ -251,14 +252,7 @@ def test_rows_carry_token_versions_and_old_rows_read_as_the_calls_version(tmp_pa
     turn = Turn(completion_token_ids=[5, 6, 7], logprobs=[-1.0] * 3, policy_version=2)
     assert turn.token_versions == [2, 2, 2]  # a turn no gate stamped: one version
     cut = Turn(completion_token_ids=[5, 6, 7], logprobs=[-1.0] * 3, token_versions=[2, 3, 3])
-    trajectory = Trajectory(
-        task_id="t",
-        sample_index=0,
-        group_id="g",
-        environment="e",
-        messages=[Message(role="user", content="hi")],
-        turns=[turn, cut],
-    )
+    trajectory = greeting(turns=[turn, cut])
     row = trajectory.to_row()
     table = pa.Table.from_pylist([row], schema=trajectory_arrow_schema())
     assert table.schema.field("turns").type.value_type.field("token_versions").type == (
@@ -283,13 +277,8 @@ def test_show_prints_each_turns_version_spans():
 
     from rayrollout.cli.show import render_trajectory
 
-    trajectory = Trajectory(
-        task_id="t",
-        sample_index=0,
-        group_id="g",
-        environment="e",
-        messages=[Message(role="user", content="hi")],
-        turns=[Turn(completion_token_ids=[1] * 6, token_versions=[3, 3, 4, 4, 4, 4])],
+    trajectory = greeting(
+        turns=[Turn(completion_token_ids=[1] * 6, token_versions=[3, 3, 4, 4, 4, 4])]
     )
     console = Console(record=True, width=200)
     render_trajectory(trajectory, console)

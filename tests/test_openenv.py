@@ -274,18 +274,22 @@ class _LostServer:
         await self.runner.cleanup()
 
 
+async def first_step_error(episode: OpenEnvEpisode) -> str:
+    """Open and reset ``episode``, guess 1: the ``ResetStepError`` that step raises, as text."""
+    await episode.open()
+    try:
+        await episode.reset([Message(role="user", content="Guess.")])
+        with pytest.raises(ResetStepError) as refused:
+            await episode.step(Message(role="assistant", content='{"guess": 1}'))
+        return str(refused.value)
+    finally:
+        await episode.close()
+
+
 def test_a_lost_session_is_an_error_naming_it():
     async def play():
         async with _LostServer() as url:
-            episode = OpenEnvEpisode(SocketChannel(url, timeout_s=10), {})
-            await episode.open()
-            try:
-                await episode.reset([Message(role="user", content="Guess.")])
-                with pytest.raises(ResetStepError) as lost:
-                    await episode.step(Message(role="assistant", content='{"guess": 1}'))
-                return str(lost.value)
-            finally:
-                await episode.close()
+            return await first_step_error(OpenEnvEpisode(SocketChannel(url, timeout_s=10), {}))
 
     message = asyncio.run(play())
     assert "OpenEnv environment at ws://127.0.0.1:" in message
@@ -309,16 +313,6 @@ def test_a_reward_that_is_not_a_number_fails_the_step_naming_it():
     with pytest.raises(ValidationError):
         Payload.model_validate({"observation": {}, "reward": float("nan")})
 
-    async def play():
-        episode = OpenEnvEpisode(InlineChannel("openenv_envs:NanEnv"), {"seed": 1})
-        await episode.open()
-        try:
-            await episode.reset([Message(role="user", content="Guess.")])
-            with pytest.raises(ResetStepError) as refused:
-                await episode.step(Message(role="assistant", content='{"guess": 1}'))
-            return str(refused.value)
-        finally:
-            await episode.close()
-
+    episode = OpenEnvEpisode(InlineChannel("openenv_envs:NanEnv"), {"seed": 1})
     expected = "OpenEnv environment openenv_envs:NanEnv answered step with the reward nan"
-    assert asyncio.run(play()) == expected
+    assert asyncio.run(first_step_error(episode)) == expected

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 from aiohttp import web
 from netutil import served_routes
-from old_parts import write_before_and_after
+from old_parts import new_row, write_before_and_after
 
 from rayrollout import Trajectory, read_trajectories
 from rayrollout.data.config import PolicyConfig
@@ -98,13 +98,7 @@ async def test_a_call_answered_at_once_records_no_retries(flaky_server):
 
 
 def test_rows_written_before_turns_recorded_retries_still_read(tmp_path):
-    row = Trajectory(
-        task_id="new",
-        sample_index=0,
-        group_id="new",
-        environment="e",
-        turns=[Turn(completion_token_ids=[1], retries=1, retry_errors=["HTTP 500: x"])],
-    ).to_row()
+    row = new_row(Turn(completion_token_ids=[1], retries=1, retry_errors=["HTTP 500: x"])).to_row()
     old_row = write_before_and_after(tmp_path / "out", row, {"retries", "retry_errors"})
     by_id = {t.task_id: t for t in read_trajectories(tmp_path / "out")}
     assert (by_id["old"].turns[0].retries, by_id["old"].turns[0].retry_errors) == (0, [])

@@ -10,6 +10,7 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from trajectories import write_through
 
 from rayrollout.cli.report import load_run
 from rayrollout.cli.show import find_trajectories
@@ -24,7 +25,7 @@ from rayrollout.data.run_folder import (
     WriterError,
 )
 from rayrollout.data.schema import EpisodeMetrics, Trajectory, Turn
-from rayrollout.data.writer import PartWriter, make_sink
+from rayrollout.data.writer import make_sink
 
 
 def trajectory(task_id, sample_index, **fields):
@@ -35,13 +36,7 @@ def trajectory(task_id, sample_index, **fields):
 
 def write(directory, fmt, run_id, trajectories):
     """Parts as the engine writes them: through a sink that holds the folder's lock."""
-    sink = make_sink(directory, fmt, run_id)
-    sink.start()
-    writer = PartWriter(sink, rows_per_part=2, flush_interval_s=3600)
-    for table in writer.add([t.to_row() for t in trajectories]) + writer.drain():
-        writer.write(table)
-    sink.complete()
-    return writer.paths
+    return write_through(make_sink(directory, fmt, run_id), trajectories, 2)
 
 
 def test_format_is_the_given_one_else_the_newest_parts_else_parquet(tmp_path):

@@ -21,9 +21,8 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-import yaml
+from cli_run import run_demo
 from hidden_programs import path_without
-from netutil import free_port
 
 from rayrollout.cli.console_log import LOG_FILE
 
@@ -89,19 +88,8 @@ def test_an_unknown_package_in_the_requirement_stops_pytest_naming_the_known_one
 def test_the_demo_without_bubblewrap_leaves_code_out_in_one_line_and_plays_only_ok(tmp_path):
     """The README's demo on a machine without bubblewrap, as a user runs it: its own process,
     its own Ray (a Serve port of its own)."""
-    config = tmp_path / "demo.yaml"
-    config.write_text(
-        yaml.safe_dump({"ray": {"serve_port": free_port()}, "namespace": "demo-no-bwrap"})
-    )
-    out = tmp_path / "demo"
-    env = {**os.environ, "COLUMNS": "80", "PATH": path_without("bwrap", tmp_path / "bin")}
-    env.pop("RAY_ADDRESS", None)
-    command = [sys.executable, "-m", "rayrollout.cli", "demo", "--out", str(out), "-n", "1"]
-    done = subprocess.run(
-        [*command, "--config", str(config)], capture_output=True, text=True, timeout=540, env=env
-    )
-    console = done.stdout + done.stderr
-    assert done.returncode == 0, console[-3000:]
+    path = path_without("bwrap", tmp_path / "bin")
+    out, console = run_demo(tmp_path, "demo-no-bwrap", 1, PATH=path)
     left_out = [line for line in console.splitlines() if "left out" in line]
     assert len(left_out) == 2, console  # code, and shapes (it needs a model that sees)
     assert left_out[0].startswith("left out environment 'code': ")

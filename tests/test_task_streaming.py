@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from trajectories import write_through
 
 from rayrollout.api import collect as collect_module
 from rayrollout.api.collect import InvalidTasksError, plan_collect
@@ -93,19 +94,13 @@ def test_a_digest_table_answers_as_a_dict_across_spills_and_merges(small_buffer)
 
 def test_resume_keys_and_next_samples_are_digests_of_what_the_folder_holds(tmp_path):
     from rayrollout.data.schema import Trajectory
-    from rayrollout.data.writer import PartWriter, make_sink
+    from rayrollout.data.writer import make_sink
 
-    sink = make_sink(tmp_path, "parquet", "r1")
-    sink.start()
-    writer = PartWriter(sink, rows_per_part=4, flush_interval_s=60)
     rows = [
         Trajectory(task_id=f"t{i % 5}", sample_index=i // 5, group_id="g", environment="echo")
         for i in range(12)
     ]
-    rows = [row.to_row() for row in rows]
-    for table in writer.add(rows) + writer.drain():
-        writer.write(table)
-    sink.complete()
+    write_through(make_sink(tmp_path, "parquet", "r1"), rows, 4)
     folder = RunFolder(tmp_path)
     keys = folder.written_digests()
     assert isinstance(keys, SampleKeys) and len(keys) == 12

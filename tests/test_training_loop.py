@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import ray
-from old_parts import write_before_and_after
+from old_parts import new_row, write_before_and_after
 
 from rayrollout import RunConfig, Trajectory, read_trajectories
 from rayrollout.api.cluster import down, start_detached
@@ -336,14 +336,7 @@ def test_group_advantages_are_rewards_centred_and_scaled_by_the_group():
 
 
 def test_rows_written_before_turns_had_a_policy_version_still_read(tmp_path):
-    new = Trajectory(
-        task_id="new",
-        sample_index=0,
-        group_id="new",
-        environment="e",
-        policy_version=2,
-        turns=[Turn(completion_token_ids=[1], policy_version=2)],
-    )
+    new = new_row(Turn(completion_token_ids=[1], policy_version=2), policy_version=2)
     row = new.to_row()
     # Parts written before the field existed: turns without policy_version.
     old_row = write_before_and_after(tmp_path / "out", row, {"policy_version"}, policy_version=0)

@@ -110,12 +110,18 @@ def chat_messages(raw: Any) -> list[Message]:
     return messages
 
 
-def chat_tools(raw: Any) -> list[dict[str, Any]]:
-    """Chat ``tools`` as given (an empty list when none: the program offers none)."""
+def _tool_list(raw: Any) -> list[Any]:
+    """A request's ``tools`` as a list (empty when absent), before each tool is read."""
     if raw is None:
         return []
     if not isinstance(raw, list):
         raise BadRequest("tools", "must be a list of function tools")
+    return raw
+
+
+def chat_tools(raw: Any) -> list[dict[str, Any]]:
+    """Chat ``tools`` as given (an empty list when none: the program offers none)."""
+    raw = _tool_list(raw)
     for i, tool in enumerate(raw):
         function = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
@@ -127,12 +133,8 @@ def chat_tools(raw: Any) -> list[dict[str, Any]]:
 
 def responses_tools(raw: Any) -> list[dict[str, Any]]:
     """Responses-API function tools (flat) in chat form, as the episode's model takes them."""
-    if raw is None:
-        return []
-    if not isinstance(raw, list):
-        raise BadRequest("tools", "must be a list of function tools")
     tools = []
-    for i, tool in enumerate(raw):
+    for i, tool in enumerate(_tool_list(raw)):
         if not isinstance(tool, dict) or tool.get("type") != "function" or "name" not in tool:
             raise BadRequest(
                 f"tools[{i}]", "only function tools {type: function, name, parameters}"

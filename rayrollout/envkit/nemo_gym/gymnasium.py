@@ -31,6 +31,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
+from rayrollout.data.json_text import json_object
 from rayrollout.data.responses import episode_response, seed_body
 from rayrollout.data.schema import Message, Task
 from rayrollout.data.validation import problem_text
@@ -42,7 +43,7 @@ from rayrollout.envkit.reset_step.protocol import (
     step_details,
 )
 
-__all__ = ["GymnasiumEpisode", "PostFn"]
+__all__ = ["GymnasiumEpisode", "PostFn", "answer_object"]
 
 PostFn = Callable[[str, Any, bool], Awaitable[tuple[int, str]]]
 """``post(route, body, retry)``: the session's POST, answering ``(status, text)``."""
@@ -78,20 +79,7 @@ class GymnasiumEpisode:
         self, route: str, body: Any, retry: bool = True, known: tuple[int, str] | None = None
     ) -> dict[str, Any]:
         """POST (or the answer ``known`` already) as a JSON object; a failure names the route."""
-        status, text = known or await self.post(route, body, retry)
-        if status >= 400:
-            raise ResetStepError(
-                f"{self.where} answered HTTP {status} to POST /{route}: {text[:500]}"
-            )
-        try:
-            answer = orjson.loads(text)
-        except orjson.JSONDecodeError:
-            answer = None
-        if not isinstance(answer, dict):
-            raise ResetStepError(
-                f"{self.where} answered POST /{route} with no JSON object: {text[:300]}"
-            )
-        return answer
+        return answer_object(*(known or await self.post(route, body, retry)), self.where, route)
 
     async def reset(self, prompt: list[Message]) -> Opening:
         status, text = await self.post("reset", self.row, True)
@@ -165,6 +153,17 @@ class GymnasiumEpisode:
             raise ResetStepError(
                 f"{self.where} answered HTTP {status} to POST /close: {text[:300]}"
             )
+
+
+def answer_object(status: int, text: str, where: str, route: str) -> dict[str, Any]:
+    """A server's answer to ``POST /<route>`` as a JSON object; an HTTP error or any other
+    body raises ``ResetStepError`` naming the server and the route."""
+    if status >= 400:
+        raise ResetStepError(f"{where} answered HTTP {status} to POST /{route}: {text[:500]}")
+    answer = json_object(text)
+    if answer is None:
+        raise ResetStepError(f"{where} answered POST /{route} with no JSON object: {text[:300]}")
+    return answer
 
 
 def _observation(answer: dict[str, Any]) -> list[Message]:

@@ -19,7 +19,7 @@ from rayrollout.data.nemo_gym_rows import UNSUPPORTED
 from rayrollout.data.responses import episode_response, seed_body
 from rayrollout.data.schema import Message, Task
 from rayrollout.envkit.contract import Verification
-from rayrollout.envkit.nemo_gym.gymnasium import PostFn
+from rayrollout.envkit.nemo_gym.gymnasium import PostFn, answer_object
 from rayrollout.envkit.reset_step.protocol import (
     Opening,
     ResetStepError,
@@ -151,7 +151,7 @@ class SeededEpisode:
             "text": None if calls else (action.content or ""),
         }
         status, text = await self.post("step", body, False)  # a step must not run twice
-        answer = _object(status, text, self.where, "step")
+        answer = answer_object(status, text, self.where, "step")
         reward = answer.get("reward", 0.0)
         if isinstance(reward, bool) or not isinstance(reward, int | float):
             raise ResetStepError(
@@ -199,7 +199,7 @@ class SeededEpisode:
         group = self.task.fields.get("task_idx", self.task.task_id)
         response.update(env_id=self.env_id, group_id=str(group), contains_transitions=False)
         body = {**seed_body(self.task), "response": response}
-        answer = _object(*await self.post("verify", body, True), self.where, "verify")
+        answer = answer_object(*await self.post("verify", body, True), self.where, "verify")
         try:
             reward = float(answer["reward"])
         except (KeyError, TypeError, ValueError):
@@ -218,18 +218,6 @@ class SeededEpisode:
             if k not in _NOT_DETAILS and (k not in body or body[k] != v)
         )
         return Verification(reward=reward, details=details)
-
-
-def _object(status: int, text: str, where: str, route: str) -> dict[str, Any]:
-    if status >= 400:
-        raise ResetStepError(f"{where} answered HTTP {status} to POST /{route}: {text[:500]}")
-    try:
-        answer = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        answer = None
-    if not isinstance(answer, dict):
-        raise ResetStepError(f"{where} answered POST /{route} with no JSON object: {text[:300]}")
-    return answer
 
 
 def _messages(items: Any, where: str, route: str) -> list[Message]:

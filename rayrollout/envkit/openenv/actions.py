@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from rayrollout.data.json_text import json_object
 from rayrollout.data.schema import Message
 from rayrollout.envkit.openenv.channel import ActionRejected, OpenEnvError
 
@@ -79,11 +80,8 @@ def json_action(text: str | None) -> dict[str, Any]:
     fenced = _FENCE.search(body)
     if fenced:
         body = fenced.group(1)
-    try:
-        action = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        action = None
-    if not isinstance(action, dict):
+    action = json_object(body)
+    if action is None:
         raise ActionRejected(f"the reply is not one JSON object: {body[:200]!r}")
     return action
 

@@ -27,6 +27,7 @@ import aiohttp
 import orjson
 from pydantic import ValidationError
 
+from rayrollout.data.json_text import json_object
 from rayrollout.data.validation import problem_text
 from rayrollout.envkit.openenv.channel import ActionRejected, OpenEnvError, Payload
 
@@ -107,11 +108,8 @@ class SocketChannel:
             raise self._lost(what, f"no answer within {self.timeout_s}s") from None
         if frame.type not in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
             raise self._lost(what, f"the socket closed ({frame.type.name}, {frame.data})")
-        try:
-            answer = orjson.loads(frame.data)
-        except orjson.JSONDecodeError:
-            answer = None
-        if not isinstance(answer, dict) or not isinstance(answer.get("data"), dict):
+        answer = json_object(frame.data)
+        if answer is None or not isinstance(answer.get("data"), dict):
             raise OpenEnvError(
                 f"{self.where} answered {what} with no JSON object: {frame.data!r:.300}"
             )
