@@ -306,6 +306,26 @@ def test_a_kind_that_cannot_interrupt_refuses_the_mode_by_name():
     assert check_policy(run_config("vllm", vllm_config="x.yaml")).name == "vllm"
 
 
+def test_a_kinds_keys_then_the_pause_mode_then_the_kinds_checks_are_refused_in_that_order():
+    """The policy section's first error is the same whichever asks (the planner's
+    ``check_policy_kind`` or ``check_policy``): a wrong key of the kind, then a pause mode
+    the kind cannot take, then the kind's own checks across the section."""
+    from rayrollout.api.preflight import check_policy_kind
+    from rayrollout.data.config import ConfigError
+    from rayrollout.policy.kinds import check_policy
+
+    both = {"base_url": "http://127.0.0.1:1/v1", "vllm_config": "x.yaml"}  # a vLLM check
+    cases = [
+        (run_config("vllm", **both, bogus=1), r"policy\.bogus: not a setting"),
+        (run_config("vllm", **both), "pause_mode 'interrupt' continues a stopped call"),
+        (run_config("vllm", "wait", **both), "not both"),
+    ]
+    for config, first in cases:
+        for check in (check_policy, check_policy_kind):
+            with pytest.raises(ConfigError, match=first):
+                check(config)
+
+
 async def test_continue_on_vllm_chat_calls_is_refused_by_name_where_the_cut_is_unknown():
     """vLLM's chat path (prompt_mode 'messages') finishes a call under the new weights with
     no position of the cut, so 'continue' is refused there, in the config and at pause();

@@ -256,16 +256,58 @@ def test_a_setting_walks_from_collect_to_the_workers_through_each_planning_modul
     assert len(walk.stays) <= 12 and len(walk.climbs) <= 2, described
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="one climb is left beside the command line's: the policy kind is asked once "
-    "(policy.kinds.checked_policy), with the run's config, before the engine is handed it; "
-    "asking it without the config would change the PolicyKind contract (check, interrupt, "
-    "deploys and build_app take the config)",
-)
 @pytest.mark.parametrize("setting", ["concurrency", "policy_url"])
 def test_a_setting_walks_down_in_one_pass(walks, setting):
     walk: Walk = getattr(walks, setting)
     described = _described(walk, setting)
     assert len(walk.climbs) <= 1, described
     assert not walk.entered_twice, described
+
+
+VLLM_ATTACHED = {"kind": "vllm", "base_url": "http://127.0.0.1:9/v1", "model": "m"}
+VLLM_DEPLOYED = {"kind": "vllm", "vllm_config": "rayrollout/deployments/vllm/cpu.yaml"}
+
+
+@pytest.mark.parametrize(
+    ("policy", "refused"),
+    [
+        (VLLM_ATTACHED, None),
+        (VLLM_DEPLOYED, None),
+        ({**VLLM_ATTACHED, "vllm_config": "cpu.yaml"}, "not both"),
+        ({**VLLM_DEPLOYED, "api": "responses"}, "no /v1/responses"),
+    ],
+)
+def test_the_planner_asks_a_kind_with_checks_without_handing_it_the_config(policy, refused):
+    """The walk above runs kind ``openai``, which has no checks of its own; a kind with
+    some (``vllm``: its settings model's validators) is asked the same way: no function
+    of the policy layer or of a plugin is handed the config, its policy section or a
+    setting, whether the kind accepts the section or refuses it."""
+    from rayrollout.api.preflight import check_policy_kind
+    from rayrollout.data.config import ConfigError
+
+    config = RunConfig.model_validate({"policy": policy})
+    handed: list[tuple[str, str]] = []
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        module = frame.f_globals.get("__name__", "")
+        if event != "call" or not module.startswith("rayrollout."):
+            return
+        args = _arguments(frame)
+        if args is not None and any(
+            _holds_concurrency(v) or _holds_base_url(v) for v in args.values()
+        ):
+            handed.append((module, frame.f_code.co_name))
+
+    sys.setprofile(profile)
+    try:
+        if refused is None:
+            checked = check_policy_kind(config)
+        else:
+            with pytest.raises(ConfigError, match=refused):
+                check_policy_kind(config)
+    finally:
+        sys.setprofile(None)
+    assert handed == [("rayrollout.api.preflight", "check_policy_kind")]
+    if refused is None:
+        assert checked.kind.name == "vllm"
+        assert checked.deploys is ("vllm_config" in policy)

@@ -1,7 +1,7 @@
 """A policy kind from a package outside rayrollout: one folder (``tests/thin_policy_kind``)
 and one entry point, registered as ``pip install`` would (a ``dist-info`` folder on the
 path), runs ``rayrollout collect`` end to end; its own settings are checked by its model,
-and its cross-field check by the kind, before anything starts."""
+and its cross-field check by its model's validator, before anything starts."""
 
 from __future__ import annotations
 

@@ -29,6 +29,7 @@ from rayrollout.api.preflight import (
     RowEnvironmentCheck,
     TaskCheck,
     TasksFileError,
+    check_policy_kind,
     check_setup,
     check_task_agents,
     check_task_environments,
@@ -50,7 +51,7 @@ from rayrollout.data.tasks import (
 from rayrollout.engine.run_figures import RunSnapshot
 from rayrollout.engine.stats import EnvStats
 from rayrollout.errors import InputError
-from rayrollout.policy.kinds import CheckedPolicy, checked_policy
+from rayrollout.policy.kinds import CheckedPolicy
 
 __all__ = [
     "HEAD_ROWS",
@@ -108,14 +109,14 @@ def plan_collect(
         require_key: An external policy without its key's variable set is an error (the
             command line); else a server that refuses to answer without one is.
         policy: The policy kind as already checked for this config (``RolloutEngine``'s);
-            None: asked here, once (``policy.kinds.checked_policy``), and kept as the plan's
-            ``policy`` for the engine that runs it.
+            None: asked here, once (``api.preflight.check_policy_kind``), and kept as the
+            plan's ``policy`` for the engine that runs it.
 
     Raises:
         InvalidTasksError: bad rows in the head and not ``skip_invalid``; nothing has started.
         ConfigError: no tasks given, the tasks file is missing, a directory without shards or
             unreadable (``TasksFileError``), both ``resume`` and ``output.overwrite``, or a
-            policy setting its kind refuses (``policy.kinds.check_policy``).
+            policy setting its kind refuses (``api.preflight.check_policy_kind``).
         UnknownEnvironmentError: ``environment`` (``--env``) names no known environment.
         UnknownAgentError: ``agent`` (``--agent``), or the ``agent`` of the head's rows, names
             no known agent (one error for the run, ``skip_invalid`` or not).
@@ -201,11 +202,11 @@ def plan_collect(
 
 
 def _ask_policy(config: RunConfig) -> CheckedPolicy | InputError:
-    """The run's policy kind, asked once before the checks (``checked_policy``), or what it
-    refused: ``check_setup`` raises a refusal in its place, after ``--env`` and ``--agent``,
-    so the first error a user meets is the same whichever check asked first."""
+    """The run's policy kind, asked once before the checks (``check_policy_kind``), or what
+    it refused: ``check_setup`` raises a refusal in its place, after ``--env`` and
+    ``--agent``, so the first error a user meets is the same whichever check asked first."""
     try:
-        return checked_policy(config)
+        return check_policy_kind(config)
     except InputError as exc:
         return exc
 

@@ -42,7 +42,7 @@ from rayrollout.api.errors import (
     PreflightError,
     TasksFileError,
 )
-from rayrollout.data.config import RunConfig
+from rayrollout.data.config import ConfigError, RunConfig
 from rayrollout.data.schema import Task
 from rayrollout.data.tasks import CheckedRow, InvalidTaskError, RowRefused, UniqueTaskIds, claim_row
 from rayrollout.envkit.contract import Environment
@@ -55,7 +55,12 @@ from rayrollout.envkit.registry import (
     load_environment,
 )
 from rayrollout.errors import InputError
-from rayrollout.policy.kinds import CheckedPolicy, policy_kind
+from rayrollout.policy.kinds import (
+    PAUSE_MODES_A_KIND_MAY_REFUSE,
+    CheckedPolicy,
+    pause_mode_refusal,
+    policy_kind,
+)
 
 __all__ = [
     "PROBE_TIMEOUT_S",
@@ -76,6 +81,7 @@ __all__ = [
     "check_task_environments",
     "check_output_folder",
     "check_policy_key",
+    "check_policy_kind",
     "check_setup",
     "check_task_agents",
     "check_tasks_file",
@@ -120,8 +126,8 @@ def check_setup(
     policy's base URL and key. Returns whether the policy is external (``before_start``
     only; else False) and its key (None: none to send).
 
-    ``policy`` is the kind as the planning asked it once (``policy.kinds.checked_policy``),
-    or what that refused: a refusal is raised here, in its place among the checks.
+    ``policy`` is the kind as the planning asked it once (``check_policy_kind``), or what
+    that refused: a refusal is raised here, in its place among the checks.
 
     Raises:
         UnknownEnvironmentError, UnknownAgentError, AgentArgsError: as
@@ -138,6 +144,31 @@ def check_setup(
     check_output_folder(config)
     external = not policy.deploys
     return external, check_policy_key(config, require_key) if external else None
+
+
+def check_policy_kind(config: RunConfig) -> CheckedPolicy:
+    """The run's policy kind, found by name, with the config's policy section checked
+    against it, and whether the run deploys it: asked once, before anything starts.
+
+    The kind is asked for facts, never handed the config: its settings model, which the
+    section validates its own keys with (``PolicyConfig.settings_as``; the kind's checks are
+    that model's validators), and whether it deploys for a config with or without
+    ``policy.base_url``. Only a pause mode a kind may refuse (``interrupt``, ``continue``)
+    is put to the kind with the config (``policy.kinds.pause_mode_refusal``).
+
+    Raises:
+        UnknownPolicyKindError: ``policy.kind`` names no registered kind.
+        ConfigError: a setting of the kind is wrong, its checks refuse the section, or it
+            cannot take ``training.pause_mode``.
+    """
+    kind = policy_kind(config.policy.kind)
+    config.policy.settings_as(kind.settings_model, checks=False)  # its keys, then its modes
+    if config.training.pause_mode in PAUSE_MODES_A_KIND_MAY_REFUSE:
+        refusal = pause_mode_refusal(kind, config)
+        if refusal is not None:
+            raise ConfigError(refusal)
+    config.policy.settings_as(kind.settings_model)  # then its checks across the section
+    return CheckedPolicy(kind, kind.deploys_with(base_url=bool(config.policy.base_url)))
 
 
 def probe(config: RunConfig, external: bool, key: str | None) -> None:

@@ -43,6 +43,7 @@ from rayrollout.api.collect import (
     refuse_old_parts,
 )
 from rayrollout.api.errors import EngineDiedError, EngineExistsError
+from rayrollout.api.preflight import check_policy_kind
 from rayrollout.api.spec_feed import SpecFeed
 from rayrollout.auth import RouteAuth, new_token, write_token_file
 from rayrollout.data.config import ConfigError, RunConfig
@@ -56,7 +57,7 @@ from rayrollout.engine.secret_env import route_token_path, workers_policy_key
 from rayrollout.engine.startup import ensure_ray, prepare_policy
 from rayrollout.engine.worker import worker_name
 from rayrollout.errors import RayrolloutError
-from rayrollout.policy.kinds import CheckedPolicy, checked_policy
+from rayrollout.policy.kinds import CheckedPolicy
 
 __all__ = [
     "CollectResult",
@@ -145,7 +146,7 @@ class RolloutEngine:
         before anything starts."""
         if not isinstance(config, RunConfig):
             config = RunConfig.model_validate(config or {})
-        self.policy = policy if policy is not None else checked_policy(config)
+        self.policy = policy if policy is not None else check_policy_kind(config)
         # Absolute before Ray starts: a driver under `ray job submit` may change directory,
         # and the engine actor writes from its own working directory.
         out_dir = str(Path(config.output.dir).absolute())

@@ -7,8 +7,9 @@ CLI overrides and validates once.
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -48,13 +49,16 @@ class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+S = TypeVar("S", bound=BaseModel)
+
+
 class PolicyConfig(BaseModel):
     """Which policy answers, over which API, with which sampling and retry settings.
 
     These keys are every kind's; a kind's own settings (``vllm_config``, ``scripted``) sit
-    beside them and are its own: its ``settings_model`` checks them, unknown ones included,
-    when rayrollout takes the config (``rayrollout.policy.kinds.check_policy``), since this
-    layer does not know the kinds a package may add.
+    beside them and are its own: ``settings_as`` validates them as the kind's settings model,
+    unknown ones included, when rayrollout plans the run (this layer does not know the kinds
+    a package may add, so the planner hands it the model the kind names).
     """
 
     model_config = ConfigDict(extra="allow")
@@ -132,6 +136,47 @@ class PolicyConfig(BaseModel):
     def settings(self) -> dict[str, Any]:
         """The kind's own settings as given: every key that is not one of the common ones."""
         return dict(self.model_extra or {})
+
+    def settings_as(self, model: type[S], *, checks: bool = True) -> S:
+        """The kind's own settings (``settings``) validated as ``model``, the kind's settings
+        model: its fields type them, and its validators, which find this section as
+        ``info.context["policy"]``, are the kind's checks across its keys and the common
+        ones (a ``ValueError`` naming the fix).
+
+        Args:
+            model: The kind's settings model.
+            checks: Whether the kind's checks against this section run; False validates the
+                kind's keys alone (no context), so a caller can put its own checks between.
+
+        Raises:
+            ConfigError: a setting the model refuses, named by its key (``policy.KEY``), or
+                a check of the kind (``policy: ...``).
+        """
+        try:
+            context = {"policy": self} if checks else None
+            return model.model_validate(self.settings, context=context)
+        except ValidationError as exc:
+            problems = []
+            for error in exc.errors():
+                where = ".".join(["policy", *map(str, error["loc"])])
+                message = error["msg"]
+                if error["type"] == "extra_forbidden" and len(error["loc"]) == 1:
+                    message = self._not_a_setting(str(error["loc"][0]), model)
+                elif error["type"] == "value_error" and not error["loc"]:
+                    message = str(error.get("ctx", {}).get("error", message))
+                problems.append(f"{where}: {message}")
+            raise ConfigError("invalid config: " + "; ".join(problems)) from None
+
+    def _not_a_setting(self, key: str, model: type[BaseModel]) -> str:
+        """Why ``key`` is refused: neither a common policy key nor one of the kind's."""
+        known = sorted({*type(self).model_fields, *model.model_fields})
+        near = difflib.get_close_matches(key, known, n=1)
+        own = ", ".join(sorted(model.model_fields)) or "none"
+        hint = f" Did you mean '{near[0]}'?" if near else ""
+        return (
+            f"not a setting of policy kind '{self.kind}' (its own settings: {own}; the common "
+            f"ones: docs/reference/config.md).{hint}"
+        )
 
 
 DEFAULT_AGENT = "tool_loop"

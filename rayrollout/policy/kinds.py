@@ -3,8 +3,9 @@ takes new weights.
 
 A kind is a ``PolicyKind`` found by name through the ``rayrollout.policies`` entry points
 (``rayrollout.plugins``), so a kind is one folder plus one entry point. It owns the
-``policy:`` keys beside the common ones (its ``settings_model``; ``check_policy``). The one
-built-in kind is ``openai``: an external server, nothing to deploy, no settings.
+``policy:`` keys beside the common ones: its ``settings_model``, whose validators are its
+checks (``PolicyConfig.settings_as``). The one built-in kind is ``openai``: an external
+server, nothing to deploy, no settings.
 
 Example:
     >>> policy_kind("openai").build_app is None
@@ -19,10 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from rayrollout.auth import RouteAuth
-from rayrollout.data.config import ConfigError, PolicyConfig, RunConfig
+from rayrollout.data.config import ConfigError, RunConfig
 from rayrollout.plugins import PluginGroup
 from rayrollout.policy.errors import UnknownPolicyKindError, WeightUpdateError
 from rayrollout.policy.gate import PauseMode
@@ -33,6 +34,7 @@ __all__ = [
     "OwnServer",
     "ENTRY_POINT_GROUP",
     "EXTERNAL",
+    "PAUSE_MODES_A_KIND_MAY_REFUSE",
     "POLICY_KINDS",
     "FixedWeights",
     "NoSettings",
@@ -41,10 +43,10 @@ __all__ = [
     "WeightBackend",
     "WeightUpdateError",
     "check_policy",
-    "checked_policy",
     "continue_refusal",
     "kind_settings",
     "interrupt_refusal",
+    "pause_mode_refusal",
     "policy_kind",
     "policy_kinds",
 ]
@@ -116,11 +118,11 @@ class PolicyKind:
     control routes), with the policy key."""
     settings_model: type[BaseModel] = NoSettings
     """The kind's own ``policy:`` keys, beside the common ones, as a pydantic model with
-    ``extra="forbid"`` (a typo is refused by name); ``kind_settings`` reads them typed."""
-    check: Callable[[RunConfig, Any], None] | None = None
-    """The kind's cross-field checks, given the run's config and the kind's settings (an
-    instance of ``settings_model``): raises ``ValueError`` naming a config that cannot work,
-    before anything starts."""
+    ``extra="forbid"`` (a typo is refused by name); ``kind_settings`` reads them typed. Its
+    validators are the kind's checks, run with the config's own validation of the section
+    (``PolicyConfig.settings_as``) before anything starts: one reading the common keys
+    finds the section as ``info.context["policy"]`` (None when the model is built alone)
+    and raises ``ValueError`` naming a config that cannot work."""
     interrupt: Callable[[RunConfig], str | None] | None = None
     """Whether the kind can take pause mode 'interrupt' (stop calls in flight at once and
     answer each with its tokens so far, ``finish_reason: abort``): None when it cannot;
@@ -133,9 +135,14 @@ class PolicyKind:
     def deploys(self, config: RunConfig) -> bool:
         """Whether the run deploys its policy on Serve (its routes then take the run's
         token), as opposed to using a server at ``policy.base_url``."""
+        return self.deploys_with(base_url=bool(config.policy.base_url))
+
+    def deploys_with(self, *, base_url: bool) -> bool:
+        """``deploys`` for a config that sets ``policy.base_url`` or not: the one fact of
+        the config it turns on, so the planner asks it without handing over the config."""
         if self.build_app is None:
             return False
-        return not (self.attaches and config.policy.base_url)
+        return not (self.attaches and base_url)
 
 
 class FixedWeights(ABC):
@@ -206,23 +213,13 @@ def policy_kind(name: str) -> PolicyKind:
 
 def kind_settings(config: RunConfig, model: type[S]) -> S:
     """The kind's own settings in ``config.policy`` (the keys beside the common ones), as
-    ``model``.
+    ``model``: the keys alone (``PolicyConfig.settings_as`` without checks), since the
+    kind's checks across the section ran when the run was planned.
 
     Raises:
         ConfigError: a setting the model refuses, named by its key (``policy.KEY``).
     """
-    policy = config.policy
-    try:
-        return model.model_validate(policy.settings)
-    except ValidationError as exc:
-        problems = []
-        for error in exc.errors():
-            where = ".".join(["policy", *map(str, error["loc"])])
-            message = error["msg"]
-            if error["type"] == "extra_forbidden" and len(error["loc"]) == 1:
-                message = _not_a_setting(policy.kind, str(error["loc"][0]), model)
-            problems.append(f"{where}: {message}")
-        raise ConfigError("invalid config: " + "; ".join(problems)) from None
+    return config.policy.settings_as(model, checks=False)
 
 
 def interrupt_refusal(kind: PolicyKind, config: RunConfig) -> str | None:
@@ -255,62 +252,53 @@ def continue_refusal(kind: PolicyKind, config: RunConfig) -> str | None:
     )
 
 
-def _not_a_setting(kind: str, key: str, model: type[BaseModel]) -> str:
-    """Why ``key`` is refused: neither a common policy key nor one of the kind's."""
-    known = sorted({*PolicyConfig.model_fields, *model.model_fields})
-    near = difflib.get_close_matches(key, known, n=1)
-    own = ", ".join(sorted(model.model_fields)) or "none"
-    hint = f" Did you mean '{near[0]}'?" if near else ""
-    return (
-        f"not a setting of policy kind '{kind}' (its own settings: {own}; the common ones: "
-        f"docs/reference/config.md).{hint}"
-    )
+PAUSE_MODES_A_KIND_MAY_REFUSE = ("interrupt", "continue")
+"""The pause modes whose use depends on the kind (``pause_mode_refusal``)."""
+
+
+def pause_mode_refusal(kind: PolicyKind, config: RunConfig) -> str | None:
+    """Why the config's ``training.pause_mode`` cannot work with this kind, as the config
+    error says it, or None (always None for a mode not in ``PAUSE_MODES_A_KIND_MAY_REFUSE``)."""
+    mode = config.training.pause_mode
+    if mode == "interrupt":
+        refusal = interrupt_refusal(kind, config)
+    elif mode == "continue":
+        refusal = continue_refusal(kind, config)
+    else:
+        return None
+    return None if refusal is None else f"invalid config: training.pause_mode: {refusal}"
 
 
 def check_policy(config: RunConfig) -> PolicyKind:
     """Check ``config.policy`` against its kind, before anything starts: the kind is
-    registered, its settings validate, its cross-field checks pass. Returns the kind.
+    registered, its settings validate, it can take the config's pause mode, and its checks
+    (its settings model's validators) accept the section. Returns the kind. The planner
+    asks the same of the kind without handing it the config
+    (``api.preflight.check_policy_kind``).
 
     Raises:
         UnknownPolicyKindError: ``policy.kind`` names no registered kind (the known ones and
             the nearest are named).
-        ConfigError: a setting of the kind is wrong, or the kind's check refuses the section.
+        ConfigError: a setting of the kind is wrong, the kind's checks refuse the section,
+            or the kind cannot take ``training.pause_mode``.
     """
     kind = policy_kind(config.policy.kind)
-    settings = kind_settings(config, kind.settings_model)
-    if config.training.pause_mode == "interrupt":
-        refusal = interrupt_refusal(kind, config)
-        if refusal is not None:
-            raise ConfigError(f"invalid config: training.pause_mode: {refusal}")
-    if config.training.pause_mode == "continue":
-        refusal = continue_refusal(kind, config)
-        if refusal is not None:
-            raise ConfigError(f"invalid config: training.pause_mode: {refusal}")
-    if kind.check is not None:
-        try:
-            kind.check(config, settings)
-        except ValueError as exc:
-            raise ConfigError(f"invalid config: policy: {exc}") from None
+    config.policy.settings_as(kind.settings_model, checks=False)
+    refusal = pause_mode_refusal(kind, config)
+    if refusal is not None:
+        raise ConfigError(refusal)
+    config.policy.settings_as(kind.settings_model)
     return kind
 
 
 @dataclass(frozen=True)
 class CheckedPolicy:
-    """A run's policy kind, checked against its config once (``checked_policy``), and
-    whether the run deploys it: what the planning hands down, so that starting the run
-    (``engine.startup``, ``engine.secret_env``) never asks the kind again."""
+    """A run's policy kind, checked against its config once
+    (``api.preflight.check_policy_kind``), and whether the run deploys it: what the planning
+    hands down, so that starting the run (``engine.startup``, ``engine.secret_env``) never
+    asks the kind again."""
 
     kind: PolicyKind
     deploys: bool
     """``PolicyKind.deploys`` for the config: the run deploys the policy (its routes take
     the run's token), rather than using a server at ``policy.base_url``."""
-
-
-def checked_policy(config: RunConfig) -> CheckedPolicy:
-    """``check_policy`` and the kind's ``deploys``, asked once for the run.
-
-    Raises:
-        UnknownPolicyKindError, ConfigError: as ``check_policy``.
-    """
-    kind = check_policy(config)
-    return CheckedPolicy(kind, kind.deploys(config))

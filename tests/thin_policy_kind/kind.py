@@ -11,10 +11,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from itertools import count
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 from rayrollout import FixedWeights, OwnServer, PolicyKind, RunConfig, kind_settings
 from rayrollout.auth import RouteAuth
+from rayrollout.data.config import PolicyConfig
 
 
 class ThinSettings(BaseModel):
@@ -25,15 +26,17 @@ class ThinSettings(BaseModel):
     reply: str = Field(description="What the server answers to every model call.")
     served_model: str = Field(default="thin", description="The one model GET /v1/models lists.")
 
-
-def check_thin(config: RunConfig, settings: ThinSettings) -> None:
-    """A cross-field check of the kind's own: the run must ask for the model it serves."""
-    policy = config.policy
-    if policy.model != settings.served_model:
-        raise ValueError(
-            f"kind 'thin' serves model {settings.served_model!r}, the config asks for "
-            f"{policy.model!r}: set policy.model to it"
-        )
+    @model_validator(mode="after")
+    def _serves_the_model_asked_for(self, info: ValidationInfo) -> ThinSettings:
+        """A check of the kind's own across its keys and the common ones: the run must ask
+        for the model it serves."""
+        policy: PolicyConfig | None = (info.context or {}).get("policy")
+        if policy is not None and policy.model != self.served_model:
+            raise ValueError(
+                f"kind 'thin' serves model {self.served_model!r}, the config asks for "
+                f"{policy.model!r}: set policy.model to it"
+            )
+        return self
 
 
 def _handler(settings: ThinSettings, auth: RouteAuth) -> type[BaseHTTPRequestHandler]:
@@ -121,5 +124,4 @@ THIN = PolicyKind(
     build_thin_server,
     lambda config, url, token: ThinWeights(),
     settings_model=ThinSettings,
-    check=check_thin,
 )

@@ -20,10 +20,10 @@ from __future__ import annotations
 from typing import Any
 
 import aiohttp
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 from rayrollout.auth import RouteAuth, bearer_header
-from rayrollout.data.config import RunConfig
+from rayrollout.data.config import PolicyConfig, RunConfig
 from rayrollout.deployments.vllm.app import build_vllm_app, load_vllm_config, resolve_model_source
 from rayrollout.deployments.vllm.weight_reload import RELOAD_METHOD
 from rayrollout.policy.gate import PauseMode
@@ -47,7 +47,9 @@ _CONTROL_TIMEOUT_S = 600.0
 
 
 class VllmSettings(BaseModel):
-    """The vLLM kind's own ``policy:`` keys."""
+    """The vLLM kind's own ``policy:`` keys, and what the run's policy section cannot ask of
+    a vLLM app: refused before anything starts rather than as a 404 on every episode of a
+    run that took minutes to start."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -58,21 +60,22 @@ class VllmSettings(BaseModel):
         "base_url: the app already up there.",
     )
 
-
-def check_vllm_policy(config: RunConfig, settings: VllmSettings) -> None:
-    """What the run's config cannot ask of a vLLM app, refused before anything starts
-    rather than as a 404 on every episode of a run that took minutes to start."""
-    policy = config.policy
-    if policy.api == "responses" and policy.prompt_mode == "messages":
-        raise ValueError(
-            "api 'responses' does not work with kind 'vllm': Ray Serve LLM's ingress has "
-            "no /v1/responses. Use api: chat, or prompt_mode: token_ids (/v1/completions)"
-        )
-    if policy.base_url and settings.vllm_config:
-        raise ValueError(
-            "kind 'vllm' takes vllm_config (the run deploys that app) or base_url (an app "
-            "already up), not both: leave one out"
-        )
+    @model_validator(mode="after")
+    def _fits_the_policy_section(self, info: ValidationInfo) -> VllmSettings:
+        policy: PolicyConfig | None = (info.context or {}).get("policy")
+        if policy is None:  # the settings alone: nothing to check them against
+            return self
+        if policy.api == "responses" and policy.prompt_mode == "messages":
+            raise ValueError(
+                "api 'responses' does not work with kind 'vllm': Ray Serve LLM's ingress has "
+                "no /v1/responses. Use api: chat, or prompt_mode: token_ids (/v1/completions)"
+            )
+        if policy.base_url and self.vllm_config:
+            raise ValueError(
+                "kind 'vllm' takes vllm_config (the run deploys that app) or base_url (an app "
+                "already up), not both: leave one out"
+            )
+        return self
 
 
 def _interrupt_refusal(config: RunConfig) -> str | None:
@@ -177,6 +180,5 @@ VLLM = PolicyKind(
     ),
     attaches=True,  # policy.base_url: an app already up, its control routes take the key
     settings_model=VllmSettings,
-    check=check_vllm_policy,
     interrupt=_interrupt_refusal,
 )
