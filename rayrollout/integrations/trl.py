@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -242,25 +243,18 @@ def pad_id(trainer: Any) -> int:
     return 0
 
 
+@dataclass(eq=False)  # a callback is itself, whatever its settings
 class WeightSync(TrainerCallback):
-    """Save the model and load it into the engine after every ``every`` optimizer steps."""
+    """Save the model and load it into the engine after every ``every`` optimizer steps
+    (``RayrolloutRollout.weight_sync`` says what each setting does)."""
 
-    def __init__(
-        self,
-        rollout: RayrolloutRollout,
-        save_dir: Path,
-        every: int = 1,
-        send_path: bool = True,
-        pause_mode: PauseMode = "wait",
-        before_pause: Callable[[], object] | None = None,
-    ) -> None:
-        self.rollout = rollout
-        self.before_pause = before_pause
-        self.save_dir = save_dir
-        self.every = every
-        self.send_path = send_path
-        self.pause_mode = pause_mode
-        self.pauses: list[PauseAnswer] = []  # one per push: the calls in flight it met
+    rollout: RayrolloutRollout
+    save_dir: Path
+    every: int = 1
+    send_path: bool = True
+    pause_mode: PauseMode = "wait"
+    before_pause: Callable[[], object] | None = None
+    pauses: list[PauseAnswer] = field(default_factory=list)  # one per push: calls it met
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **_: Any) -> None:
         if model is None or state.global_step % self.every:
