@@ -210,12 +210,12 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         """
         if self.failure is not None:
             raise self.failure
-        to_deploy = self.environments.to_deploy(s.task.environment for s in specs)
+        to_deploy = self.environments.to_deploy(s.environment for s in specs)
         if to_deploy:
             deploying = asyncio.ensure_future(self.environments.ensure_all(sorted(to_deploy)))
-            await self._queue([s for s in specs if s.task.environment not in to_deploy])
+            await self._queue([s for s in specs if s.environment not in to_deploy])
             await deploying  # a failed deployment is the caller's error
-            specs = [s for s in specs if s.task.environment in to_deploy]
+            specs = [s for s in specs if s.environment in to_deploy]
         await self._queue(specs)
 
     async def _queue(self, specs: list[EpisodeSpec]) -> None:
@@ -223,7 +223,7 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         if not specs:
             return
         self.submitted += len(specs)
-        self.metrics.on_submit([s.task.environment for s in specs])
+        self.metrics.on_submit([s.environment for s in specs])
         self.all_done.clear()
         for spec in specs:
             spec.queued_at = time.time()

@@ -163,6 +163,14 @@ class RunStats:
             "elapsed_s": elapsed,
             "in_flight": self.in_flight,
             "episodes_per_s": self.total.episodes / elapsed if elapsed > 0 else 0.0,
-            "total": self.total.model_copy(deep=True),
-            "by_env": {name: s.model_copy(deep=True) for name, s in sorted(self.by_env.items())},
+            "total": _copy(self.total),
+            "by_env": {name: _copy(s) for name, s in sorted(self.by_env.items())},
         }
+
+
+def _copy(stats: EnvStats) -> EnvStats:
+    """A copy of ``stats`` that shares nothing with it, its containers copied whole: a deep
+    copy walks the 10,000 sampled times one by one, on every progress poll (twice a second)."""
+    return stats.model_copy(
+        update={"statuses": dict(stats.statuses), "seconds_sample": list(stats.seconds_sample)}
+    )
