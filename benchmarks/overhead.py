@@ -425,12 +425,15 @@ def run_engine(
     start = time.perf_counter()
     with RolloutEngine(config) as engine:
         engine.start()
+        roles_started = cpu_by_role([root, *server_pids])
         started, collect_at = time.perf_counter(), time.time()
         result = engine.collect(tasks)
         collected, collect_end = time.perf_counter(), time.time()
         # Measured before the actors exit: a dead process's CPU is no longer in /proc.
         cpu = tree_cpu_seconds(root) + sum(tree_cpu_seconds(pid) for pid in server_pids) - cpu0
-        by_role = cpu_ms_per_episode(roles0, cpu_by_role([root, *server_pids]), episodes)
+        roles_end = cpu_by_role([root, *server_pids])
+        by_role = cpu_ms_per_episode(roles0, roles_end, episodes)
+        in_collect = cpu_ms_per_episode(roles_started, roles_end, episodes)
     ended = time.perf_counter()
     wall = ended - start
     frame = load_episodes(out)
@@ -458,6 +461,9 @@ def run_engine(
         "seconds_collect_after_last_episode": collect_end - frame["finished_at"].max(),
         "cpu_ms_per_episode": 1000 * cpu / episodes,
         "cpu_ms_per_episode_by_process": by_role,
+        # The same over the collect alone (processes up, their imports done): what a process
+        # spends per further episode, the figure a per-core ceiling is read from.
+        "cpu_ms_per_episode_by_process_in_collect": in_collect,
         # Ray messages between the engine actor and its workers (episodes sent, reports).
         "worker_messages_per_episode": round(result.summary.worker_messages / episodes, 4),
         "seconds_per_episode": {k: round(v, 5) for k, v in parts.items()},

@@ -266,6 +266,10 @@ def test_worker_killed_mid_run_under_load_is_replaced_and_its_episodes_run_again
     # as workers.restart_deadline_s allows, not 3 tries), so nothing failed.
     assert {t.status for t in rows} == {"ok"}, [t.error for t in rows if t.error][:3]
     assert {t.reward for t in rows} == {1.0}
+    # The run's figures count each sample once too: an episode that finished on the killed
+    # worker and was played again is left out of the restarted worker's tally.
+    assert result.summary["total"]["episodes"] == len(expected)
+    assert result.summary["total"]["statuses"] == {"ok": len(expected)}
 
 
 def test_environment_replica_killed_mid_run_has_its_episodes_played_again(tmp_path, serve_session):

@@ -69,7 +69,36 @@ async def test_many_episodes_ending_apart_share_a_few_reports_and_only_waited_ro
     table = pa.concat_tables([r.table() for r in reports])
     returned = [seq for r in reports for seq in r.returned]
     assert table.column("task_id").to_pylist() == [f"t{seq}" for seq in returned]
-    assert all(s["status"] == "ok" for r in reports for s in r.summaries)
+    tallies = [r.tally.by_env["echo"] for r in reports if r.tally.by_env]
+    assert sum(t.episodes for t in tallies) == 40
+    assert sum(t.statuses.get("ok", 0) for t in tallies) == 40
+    session.close()
+
+
+class Observed:
+    """Stands in for ``EpisodeHistograms``: the task ids of the episodes observed."""
+
+    def __init__(self) -> None:
+        self.task_ids: list[str] = []
+
+    def observe(self, row: dict) -> None:
+        self.task_ids.append(row["task_id"])
+
+
+async def test_episodes_the_engine_counted_already_stay_out_of_the_tally_and_histograms():
+    """An episode sent again after it finished on a lost session was counted by the engine
+    then: played again, it is reported finished but neither tallied nor observed twice."""
+    observed = Observed()
+    session = WorkerSession(played(), None, interval_s=0.01, histograms=observed)  # type: ignore[arg-type]
+    session.take([(1, spec("fresh"), False), (2, spec("again"), False)], counted=[2])
+    stream = session.reports()
+    finished, tallied = [], 0
+    while len(finished) < 2:
+        report = await asyncio.wait_for(anext(stream), 30)
+        finished += report.finished
+        tallied += report.tally.episodes
+    assert sorted(finished) == [1, 2] and tallied == 1
+    assert observed.task_ids == ["fresh"]
     session.close()
 
 

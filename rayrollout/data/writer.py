@@ -171,8 +171,13 @@ class PartWriter:
     def add(self, rows: list[dict[str, Any]] | pa.Table) -> list[pa.Table]:
         """Buffer rows (dicts, or a table of ``SCHEMA``); return the tables now due to be
         written (possibly none)."""
-        table = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(rows, schema=SCHEMA)
-        if table.num_rows:
+        # No rows (the engine's flush timer) builds no table: an empty table of the schema
+        # costs more than a report, and the first one imports pandas (a fifth of a second).
+        if isinstance(rows, list):
+            table = pa.Table.from_pylist(rows, schema=SCHEMA) if rows else None
+        else:
+            table = rows
+        if table is not None and table.num_rows:
             self.buffer.append(table)
             self.buffered_rows += table.num_rows
         due = []

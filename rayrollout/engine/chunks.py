@@ -1,7 +1,7 @@
-"""What a worker hands back about its episodes (``WorkerReport``): which finished, with the few
-figures per episode that the engine's counters and metrics read; which its own parts now
-hold; and the rows of the episodes a caller waits on (``generate``, the service's stream) as
-one Arrow table. The rows a worker writes itself never travel.
+"""What a worker hands back about its episodes (``WorkerReport``): which finished, with their
+sums per environment that the engine's figures and counters read (``tally``); which its own
+parts now hold; and the rows of the episodes a caller waits on (``generate``, the service's
+stream) as one Arrow table. The rows a worker writes itself never travel.
 
 Rows travel as Arrow, not as Python dicts: the worker builds the table (its CPU is spread
 over the pool) and the engine, one process for the whole run, only concatenates tables for
@@ -25,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 
 from rayrollout.data.writer import SCHEMA
+from rayrollout.engine.tally import Tally
 
 __all__ = ["ChunkRows", "WorkerReport", "summarize", "warm_arrow"]
 
@@ -45,7 +46,7 @@ _METRIC_FIELDS = (
 
 
 def summarize(row: dict[str, Any]) -> dict[str, Any]:
-    """The part of a row that ``RunStats.add`` and ``RunMetrics.on_rows`` read."""
+    """The part of a row that ``Tally.add`` and ``EpisodeHistograms.observe`` read."""
     metrics = row["metrics"]
     summary_metrics = {name: metrics[name] for name in _METRIC_FIELDS}
     summary_metrics["timeline"] = [
@@ -87,12 +88,13 @@ class ChunkRows:
 @dataclass
 class WorkerReport:
     """One message of a worker's report stream (``worker_session``), about the episodes the
-    engine numbered: ``finished`` with their ``summaries``; the rows of ``returned`` (those
-    the worker does not write) as Arrow IPC bytes in that order; ``committed``, whose rows
-    the renamed ``parts`` now hold (written in ``write_seconds``)."""
+    engine numbered: ``finished``, with the ``tally`` of those the engine has not counted
+    yet; the rows of ``returned`` (those the worker does not write) as Arrow IPC bytes in
+    that order; ``committed``, whose rows the renamed ``parts`` now hold (written in
+    ``write_seconds``)."""
 
     finished: list[int]
-    summaries: list[dict[str, Any]]
+    tally: Tally
     returned: list[int]
     arrow: bytes
     committed: list[int]
@@ -103,7 +105,7 @@ class WorkerReport:
     def build(
         cls,
         finished: list[int],
-        summaries: list[dict[str, Any]],
+        tally: Tally,
         back: list[tuple[int, dict[str, Any]]],
         committed: list[int],
         parts: list[str],
@@ -112,7 +114,7 @@ class WorkerReport:
         rows = [row for _, row in back]
         arrow = _ipc(rows) if rows else b""
         returned = [seq for seq, _ in back]
-        return cls(finished, summaries, returned, arrow, committed, parts, seconds)
+        return cls(finished, tally, returned, arrow, committed, parts, seconds)
 
     def table(self) -> pa.Table:
         """The rows of ``returned``, as the engine delivers and writes them."""

@@ -42,16 +42,17 @@ from rayrollout.data.config import RunConfig
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.task_digests import NextSamples
 from rayrollout.data.writer import PartWriter, make_sink
-from rayrollout.engine.chunks import ChunkRows, WorkerReport, summarize
+from rayrollout.engine.chunks import ChunkRows, WorkerReport
 from rayrollout.engine.deploy import EnvironmentDeployer
 from rayrollout.engine.episode_frame import EpisodeSpec, failed_trajectory
 from rayrollout.engine.feeding import Refill, chunk_size, worker_limits, worker_with_room
 from rayrollout.engine.groups import SamplingCounts
-from rayrollout.engine.metrics import RunMetrics
+from rayrollout.engine.metrics import EpisodeHistograms, RunMetrics
 from rayrollout.engine.placement import worker_actor_options
 from rayrollout.engine.run_figures import RunSnapshot
 from rayrollout.engine.stats import RunStats
 from rayrollout.engine.streaming import StreamingAPI
+from rayrollout.engine.tally import Tally
 from rayrollout.engine.training import TrainingLoopAPI
 from rayrollout.engine.weights import WeightSync
 from rayrollout.engine.worker import WorkerActor, worker_name, worker_share
@@ -120,6 +121,7 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         self.writer = PartWriter(self.sink, out.rows_per_part, out.flush_interval_s)
         self.run_stats = RunStats()
         self.metrics = RunMetrics(config.namespace)
+        self.histograms = EpisodeHistograms(config.namespace)  # of the episodes ended here
         self.chunk = chunk_size(config.concurrency, config.workers.num_workers)
         self.queue: asyncio.Queue[EpisodeSpec] = asyncio.Queue(maxsize=2 * config.concurrency)
         # Without a token given, a fresh one nobody holds: the routes answer no one over HTTP.
@@ -208,12 +210,12 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         """
         if self.failure is not None:
             raise self.failure
-        to_deploy = self.environments.to_deploy(s.task.environment for s in specs)
+        to_deploy = self.environments.to_deploy(s.environment for s in specs)
         if to_deploy:
             deploying = asyncio.ensure_future(self.environments.ensure_all(sorted(to_deploy)))
-            await self._queue([s for s in specs if s.task.environment not in to_deploy])
+            await self._queue([s for s in specs if s.environment not in to_deploy])
             await deploying  # a failed deployment is the caller's error
-            specs = [s for s in specs if s.task.environment in to_deploy]
+            specs = [s for s in specs if s.environment in to_deploy]
         await self._queue(specs)
 
     async def _queue(self, specs: list[EpisodeSpec]) -> None:
@@ -221,7 +223,7 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         if not specs:
             return
         self.submitted += len(specs)
-        self.metrics.on_submit([s.task.environment for s in specs])
+        self.metrics.on_submit([s.environment for s in specs])
         self.all_done.clear()
         for spec in specs:
             spec.queued_at = time.time()
@@ -369,18 +371,20 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
         episode already sent on it (a resend after a restart raced this call) is not."""
         link = self.links[index]
         await link.opened.wait()
-        session, episodes = link.session, []
+        session, episodes, counted = link.session, [], []
         for seq in seqs:
             sent = link.out.get(seq)
             if sent is not None and sent.session != session:
                 sent.session = session
                 episodes.append((seq, sent.spec, sent.write))
+                if sent.counted:  # finished on a lost session: the worker leaves it untallied
+                    counted.append(seq)
         if not episodes:
             return
         self.messages += 2  # the call and its answer
         # Pickled here, as bytes: Ray pickles a call's arguments with cloudpickle, whose
         # Python hook on every object made pydantic specs the largest cost of a send.
-        payload = pickle.dumps(episodes, protocol=5)
+        payload = pickle.dumps((episodes, counted), protocol=5)
         try:
             await self.workers[index].take.remote(session, payload, self.weights.state())
         except Exception:
@@ -439,12 +443,12 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
 
     async def _on_report(self, index: int, report: WorkerReport) -> None:
         """Free the slots of finished episodes; count them (once: an episode played again
-        after its worker died is not counted twice); deliver and write the rows that came
-        back; count the rows the worker's parts now hold."""
+        after its worker died is not counted twice, and its worker left it out of the
+        report's tally); deliver and write the rows that came back; count the rows the
+        worker's parts now hold."""
         out, returned = self.links[index].out, set(report.returned)
-        fresh: list[dict[str, Any]] = []
-        freed = uncommitted = 0
-        for seq, summary in zip(report.finished, report.summaries, strict=True):
+        freed = fresh = uncommitted = 0
+        for seq in report.finished:
             sent = out.get(seq)
             if sent is None:
                 continue  # ended here already (given up)
@@ -453,8 +457,16 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
                 freed += 1
             if not sent.counted:
                 sent.counted = True
-                fresh.append(summary)
+                fresh += 1
                 uncommitted += seq not in returned
+        if fresh != report.tally.episodes:
+            logger.warning(
+                "worker %s tallied %d finished episodes where the engine counted %d: the "
+                "run's figures are off by the difference",
+                index,
+                report.tally.episodes,
+                fresh,
+            )
         keep = [k for k, seq in enumerate(report.returned) if seq in out]
         back = [out.pop(report.returned[k]).spec for k in keep]
         committed = [out.pop(seq) for seq in report.committed if seq in out]
@@ -469,7 +481,7 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
             table = report.table()
             if len(keep) < table.num_rows:
                 table = table.take(keep)
-        await self._count(index, freed, fresh, back, table)
+        await self._count(index, freed, fresh, report.tally, back, table)
 
     async def _give_up(self, index: int, error: str) -> None:
         """End every episode out at worker ``index`` with an error row, written here (those
@@ -481,36 +493,42 @@ class EngineActor(TrainingLoopAPI, StreamingAPI):
             return
         rows = [failed_trajectory(sent.spec, "", error).to_row() for sent in ended]
         table = ChunkRows.from_rows(rows, list(range(len(rows)))).table()
-        fresh = [summarize(row) for row, sent in zip(rows, ended, strict=True) if not sent.counted]
+        fresh = [row for row, sent in zip(rows, ended, strict=True) if not sent.counted]
+        for row in fresh:
+            self.histograms.observe(row)
         self._uncommitted(-sum(1 for sent in ended if sent.counted))
         freed = sum(1 for sent in ended if sent.holds)
-        await self._count(index, freed, fresh, [sent.spec for sent in ended], table)
+        tally = Tally.of(fresh)
+        await self._count(index, freed, len(fresh), tally, [sent.spec for sent in ended], table)
 
     async def _count(
         self,
         index: int,
         freed: int,
-        fresh: list[dict[str, Any]],
+        fresh: int,
+        tally: Tally,
         back: list[EpisodeSpec],
         table: pa.Table | None,
     ) -> None:
-        """Free ``freed`` slots of worker ``index``; count the ``fresh`` summaries; deliver
-        and write ``table``, the rows of ``back`` (in that order)."""
+        """Free ``freed`` slots of worker ``index``; count ``fresh`` episodes, whose sums
+        ``tally`` holds; deliver and write ``table``, the rows of ``back`` (in that order)."""
         self.load[index] -= freed
         self.room.set()
-        self.run_stats.in_flight -= len(fresh)
-        if fresh:
-            self.refill.observe(fresh, time.time())
-            self.run_stats.add(fresh)
+        self.run_stats.in_flight -= fresh
+        episodes = tally.episodes
+        if episodes:
+            seconds = sum(env.seconds_total for env in tally.by_env.values())
+            self.refill.observe_batch(seconds / episodes, tally.ends, time.time())
+            self.run_stats.merge(tally)
             buffered = self.writer.buffered_rows + self.uncommitted
-            self.metrics.on_rows(fresh, self.run_stats.in_flight, buffered)
+            self.metrics.on_tally(tally, self.run_stats.in_flight, buffered)
         try:
             if back and table is not None:
                 await self._write(self._deliver(back, table))
         except Exception:
             pass  # self.failure holds it; finish() raises it to the driver
         finally:
-            self.completed += len(fresh)
+            self.completed += fresh
             if self.completed == self.submitted:
                 self.all_done.set()
 

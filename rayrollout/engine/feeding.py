@@ -167,10 +167,15 @@ class Refill:
     def observe(self, summaries: list[dict[str, Any]], now: float) -> None:
         """Take in a batch of finished episodes' summaries (their ``metrics``)."""
         seconds = [s["metrics"]["seconds_total"] for s in summaries]
-        if seconds:
-            mean = sum(seconds) / len(seconds)
-            self.episode_s = mean if self.episode_s is None else 0.8 * self.episode_s + 0.2 * mean
         ends = [end for end in (loop_end(s["metrics"]) for s in summaries) if end is not None]
+        self.observe_batch(sum(seconds) / len(seconds) if seconds else None, ends, now)
+
+    def observe_batch(self, episode_s: float | None, ends: list[float], now: float) -> None:
+        """Take in a batch of finished episodes as their mean time and loop ends
+        (``loop_end``): what a worker's ``Tally`` holds."""
+        if episode_s is not None:
+            old = self.episode_s
+            self.episode_s = episode_s if old is None else 0.8 * old + 0.2 * episode_s
         lag = refill_lag(ends, now)
         if lag is not None:
             self.refill_s = lag if self.refill_s is None else 0.8 * self.refill_s + 0.2 * lag

@@ -1,8 +1,10 @@
 """Live run metrics through ``ray.util.metrics``: they reach Ray's Prometheus endpoint and
 dashboard with no extra service.
 
-Recorded by the engine from the rows workers hand back, so they cost no extra hop. Ray
-exports each name with a ``ray_`` prefix (``ray_rayrollout_episodes_finished_total``).
+The histograms are observed by each worker as its episodes end (``EpisodeHistograms``); the
+counters and gauges by the engine, once per tag set from the workers' tallies (``RunMetrics``),
+so the engine's cost per report does not grow with the episodes in it. Ray exports each
+name with a ``ray_`` prefix (``ray_rayrollout_episodes_finished_total``).
 
 | name | kind | tags |
 | --- | --- | --- |
@@ -25,7 +27,9 @@ from typing import Any
 
 from ray.util import metrics
 
-__all__ = ["METRIC_NAMES", "RunMetrics"]
+from rayrollout.engine.tally import Tally
+
+__all__ = ["METRIC_NAMES", "EpisodeHistograms", "RunMetrics"]
 
 _SECONDS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120]
 # Rewards are any finite float. Ray's histogram boundaries must be positive, so every
@@ -52,8 +56,45 @@ def _latency(name: str, description: str, tag_keys: tuple[str, ...]) -> metrics.
     return metrics.Histogram(name, description, boundaries=_SECONDS, tag_keys=tag_keys)
 
 
+class EpisodeHistograms:
+    """The run's per-episode histograms; each worker observes its own episodes."""
+
+    def __init__(self, namespace: str) -> None:
+        self.base = {"namespace": namespace}
+        env = ("namespace", "environment")
+        self.reward = metrics.Histogram(
+            "rayrollout_reward", "Episode rewards.", boundaries=_REWARD, tag_keys=env
+        )
+        self.policy_seconds = _latency(
+            "rayrollout_policy_call_seconds", "Latency of one model call, retries included.", env
+        )
+        self.tool_seconds = _latency(
+            "rayrollout_tool_call_seconds",
+            "Latency of one tool call.",
+            ("namespace", "environment", "tool"),
+        )
+        self.verify_seconds = _latency("rayrollout_verify_seconds", "Latency of the verifier.", env)
+        self.episode_seconds = _latency(
+            "rayrollout_episode_seconds", "Wall time of an episode.", env
+        )
+
+    def observe(self, row: dict[str, Any]) -> None:
+        """Record one finished episode (its row, or its ``chunks.summarize`` view)."""
+        tags = {**self.base, "environment": row["environment"]}
+        m = row["metrics"]
+        self.reward.observe(row["reward"], tags=tags)
+        self.episode_seconds.observe(m["seconds_total"], tags=tags)
+        for turn in row["turns"]:
+            self.policy_seconds.observe(turn["seconds"], tags=tags)
+        for event in m["timeline"]:
+            if event["kind"] == "tool":
+                self.tool_seconds.observe(event["seconds"], tags={**tags, "tool": event["name"]})
+        if m["seconds_verify"]:
+            self.verify_seconds.observe(m["seconds_verify"], tags=tags)
+
+
 class RunMetrics:
-    """The run's Ray metrics; one instance lives in the engine actor."""
+    """The run's counters and gauges; one instance lives in the engine actor."""
 
     def __init__(self, namespace: str) -> None:
         base = {"namespace": namespace}
@@ -72,21 +113,6 @@ class RunMetrics:
             "Episodes on workers now: running, or waiting there for a running slot.",
             tag_keys=("namespace",),
         )
-        self.reward = metrics.Histogram(
-            "rayrollout_reward", "Episode rewards.", boundaries=_REWARD, tag_keys=env
-        )
-        self.policy_seconds = _latency(
-            "rayrollout_policy_call_seconds", "Latency of one model call, retries included.", env
-        )
-        self.tool_seconds = _latency(
-            "rayrollout_tool_call_seconds",
-            "Latency of one tool call.",
-            ("namespace", "environment", "tool"),
-        )
-        self.verify_seconds = _latency("rayrollout_verify_seconds", "Latency of the verifier.", env)
-        self.episode_seconds = _latency(
-            "rayrollout_episode_seconds", "Wall time of an episode.", env
-        )
         self.tokens = metrics.Counter(
             "rayrollout_tokens",
             "Tokens in prompts and completions.",
@@ -102,35 +128,16 @@ class RunMetrics:
         for environment, n in Counter(environments).items():
             self.submitted.inc(n, tags={**self.base, "environment": environment})
 
-    def on_rows(self, rows: list[dict[str, Any]], in_flight: int, buffered: int) -> None:
-        """Record a chunk of finished episodes (rows or their ``chunks.summarize`` views)
-        and the engine's current load. Counters are summed per chunk: one record per tag set,
-        not per episode (each record costs the engine tens of microseconds)."""
-        finished: Counter[tuple[str, str]] = Counter()
-        tokens: Counter[tuple[str, str]] = Counter()
-        for row in rows:
-            env = row["environment"]
+    def on_tally(self, tally: Tally, in_flight: int, buffered: int) -> None:
+        """Count a worker's tally of finished episodes (one record per tag set: each costs
+        the engine tens of microseconds) and set the engine's current load."""
+        for env, sums in tally.by_env.items():
             tags = {**self.base, "environment": env}
-            m = row["metrics"]
-            finished[env, row["status"]] += 1
-            tokens[env, "in"] += m["tokens_in"]
-            tokens[env, "out"] += m["tokens_out"]
-            self.reward.observe(row["reward"], tags=tags)
-            self.episode_seconds.observe(m["seconds_total"], tags=tags)
-            for turn in row["turns"]:
-                self.policy_seconds.observe(turn["seconds"], tags=tags)
-            for event in m["timeline"]:
-                if event["kind"] == "tool":
-                    self.tool_seconds.observe(
-                        event["seconds"], tags={**tags, "tool": event["name"]}
-                    )
-            if m["seconds_verify"]:
-                self.verify_seconds.observe(m["seconds_verify"], tags=tags)
-        for (env, status), n in finished.items():
-            self.finished.inc(n, tags={**self.base, "environment": env, "status": status})
-        for (env, direction), n in tokens.items():
-            if n:
-                self.tokens.inc(n, tags={**self.base, "environment": env, "direction": direction})
+            for status, n in sums.statuses.items():
+                self.finished.inc(n, tags={**tags, "status": status})
+            for direction, n in (("in", sums.tokens_in), ("out", sums.tokens_out)):
+                if n:
+                    self.tokens.inc(n, tags={**tags, "direction": direction})
         self.set_load(in_flight, buffered)
 
     def set_load(self, in_flight: int, buffered: int) -> None:

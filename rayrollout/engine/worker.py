@@ -27,6 +27,7 @@ from rayrollout.data.config import RunConfig
 from rayrollout.engine.chunks import WorkerReport, warm_arrow
 from rayrollout.engine.episode_frame import EpisodeSpec, failed_trajectory, run_episode
 from rayrollout.engine.feeding import worker_share
+from rayrollout.engine.metrics import EpisodeHistograms
 from rayrollout.engine.worker_parts import Finished, PartsTarget, WorkerParts
 from rayrollout.engine.worker_session import WorkerSession
 from rayrollout.envkit import Environment
@@ -301,6 +302,7 @@ class WorkerActor:
         self.parts: dict[PartsTarget, WorkerParts] = {}
         self.opening = asyncio.Lock()  # concurrent calls open a target's writer once
         self.sessions: dict[str, WorkerSession] = {}  # the engine's, by id: one at a time
+        self.histograms = EpisodeHistograms(config.namespace)  # observed as episodes end
         warm_arrow()
         tune_gc()  # about a fifth of a worker's CPU went to the collector (gc_tuning)
 
@@ -320,18 +322,21 @@ class WorkerActor:
                     self.parts[target] = parts
         for earlier in self.sessions.values():
             earlier.close()
-        self.sessions = {session: WorkerSession(self.runner.run_admitted, parts)}
+        self.sessions = {
+            session: WorkerSession(self.runner.run_admitted, parts, histograms=self.histograms)
+        }
         return parts is not None
 
     def take(self, session: str, episodes: bytes, policy_state: tuple[int, bool]) -> bool:
-        """Play episodes in ``session``: a pickled list of ``(seq, spec, write)`` (the engine
-        pickles them itself, see ``EngineActor._send``). False when this process never
-        opened the session (the worker restarted: the engine opens a new one, sends again)."""
+        """Play episodes in ``session``: a pickled pair of a list of ``(seq, spec, write)``
+        and the seqs among them the engine has counted (the engine pickles them itself, see
+        ``EngineActor._send``). False when this process never opened the session (the
+        worker restarted: the engine opens a new one, sends again)."""
         found = self.sessions.get(session)
         if found is None:
             return False
         self.runner.gate.sync(*policy_state)
-        found.take(pickle.loads(episodes))
+        found.take(*pickle.loads(episodes))
         return True
 
     async def reports(self, session: str) -> AsyncIterator[WorkerReport]:

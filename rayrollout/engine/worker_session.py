@@ -3,8 +3,9 @@ one stream, at most one report per ``report_interval_s``.
 
 Each Ray message costs the engine actor about as much CPU as a whole episode's bookkeeping,
 so what a worker tells the engine is coalesced across every episode it holds: which
-finished (with their summaries), which its parts now hold, and the rows a caller waits on.
-Episodes are named by the engine's sequence numbers, so a resent episode is the same one.
+finished (with their sums per environment, ``Tally``), which its parts now hold, and the
+rows a caller waits on. The worker also observes its episodes' histograms. Episodes are
+named by the engine's sequence numbers, so a resent episode is the same one.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from typing import Any
 
-from rayrollout.engine.chunks import WorkerReport, summarize
+from rayrollout.engine.chunks import WorkerReport
 from rayrollout.engine.episode_frame import EpisodeSpec, failed_trajectory
+from rayrollout.engine.metrics import EpisodeHistograms
+from rayrollout.engine.tally import Tally
 from rayrollout.engine.worker_parts import ChunkCommits, WorkerParts
 
 __all__ = ["REPORT_INTERVAL_S", "WorkerSession"]
@@ -34,6 +37,7 @@ class WorkerSession:
         parts: This worker's parts in the engine's folder; None when its rows go back
             (a worker on another node than the folder).
         interval_s: The least time between two reports.
+        histograms: Where this worker observes its episodes (None: nowhere).
     """
 
     def __init__(
@@ -41,24 +45,32 @@ class WorkerSession:
         play: Callable[[EpisodeSpec], Awaitable[dict[str, Any]]],
         parts: WorkerParts | None,
         interval_s: float = REPORT_INTERVAL_S,
+        histograms: EpisodeHistograms | None = None,
     ) -> None:
         self.play = play
         self.parts = parts
         self.interval_s = interval_s
+        self.histograms = histograms
         self.changed = asyncio.Event()  # something to report: an episode ended, a part renamed
         self.commits = ChunkCommits(changed=self.changed)  # the open session's rows in ``parts``
         self.running: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.finished: list[int] = []
-        self.summaries: list[dict[str, Any]] = []
+        self.tally = Tally()  # of the finished episodes the engine has not counted
+        self.counted: set[int] = set()  # taken, though the engine counted them already
         self.to_write: list[tuple[int, dict[str, Any]]] = []  # finished, for ``parts``
         self.back: list[tuple[int, dict[str, Any]]] = []  # finished, rows for the engine
         self.answered: list[tuple[int, str]] = []  # (seq, part) a killed process wrote
         self.last_report = 0.0
         self.closed = False
 
-    def take(self, episodes: list[tuple[int, EpisodeSpec, bool]]) -> None:
+    def take(
+        self, episodes: list[tuple[int, EpisodeSpec, bool]], counted: Collection[int] = ()
+    ) -> None:
         """Start ``(seq, spec, write)`` episodes; ``write``: this worker writes the row. An
-        episode a killed process of this worker already wrote is answered from its part."""
+        episode a killed process of this worker already wrote is answered from its part.
+        ``counted``: those whose figures the engine has already (they finished on a
+        session that ended before their rows reached a part); they stay out of the tally."""
+        self.counted.update(counted)
         for seq, spec, write in episodes:
             write = write and self.parts is not None
             if seq in self.running:
@@ -68,7 +80,10 @@ class WorkerSession:
                 if found is not None:
                     row, part = found
                     self.finished.append(seq)
-                    self.summaries.append(summarize(row))
+                    if seq in self.counted:
+                        self.counted.discard(seq)
+                    else:  # its histograms went out from the process that played it
+                        self.tally.add(row)
                     self.answered.append((seq, part))
                     self.changed.set()
                     continue
@@ -91,7 +106,12 @@ class WorkerSession:
 
     def _finished(self, seq: int, row: dict[str, Any], write: bool) -> None:
         self.finished.append(seq)
-        self.summaries.append(summarize(row))
+        if seq in self.counted:
+            self.counted.discard(seq)
+        else:
+            self.tally.add(row)
+            if self.histograms is not None:
+                self.histograms.observe(row)
         (self.to_write if write else self.back).append((seq, row))
         self.changed.set()
 
@@ -124,10 +144,8 @@ class WorkerSession:
             parts += [part] if part not in parts else []
         if not (self.finished or committed):
             return None
-        report = WorkerReport.build(
-            self.finished, self.summaries, self.back, committed, parts, seconds
-        )
-        self.finished, self.summaries, self.back, self.answered = [], [], [], []
+        report = WorkerReport.build(self.finished, self.tally, self.back, committed, parts, seconds)
+        self.finished, self.tally, self.back, self.answered = [], Tally(), [], []
         return report
 
     def close(self) -> None:
