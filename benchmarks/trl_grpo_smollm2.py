@@ -595,8 +595,10 @@ def plot(files: list[str], png: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    modes: set[str] = set()
     for file in files:
         lines = [json.loads(line) for line in Path(file).read_text().splitlines() if line]
+        modes |= {r["run"].get("pause_mode", "wait") for r in lines if "run" in r}
         steps = [r for r in lines if "step" in r]
         summary: dict[str, Any] = next((r for r in lines if r.get("summary")), {})
         label = f"seed {summary.get('seed', '?')}"
@@ -611,7 +613,10 @@ def plot(files: list[str], png: str) -> None:
     ax.set_ylabel("mean reward of the step's episodes")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.set_title("SmolLM2-135M-Instruct on CPU, TRL GRPOTrainer, math tool episodes")
+    title = "SmolLM2-135M-Instruct on CPU, TRL GRPOTrainer, math tool episodes"
+    if modes == {"interrupt"}:
+        title += "\npushes cut the next batch's calls (--pause-mode interrupt)"
+    ax.set_title(title)
     ax.legend(loc="lower right", fontsize="small")
     fig.tight_layout()
     Path(png).parent.mkdir(parents=True, exist_ok=True)
