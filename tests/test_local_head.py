@@ -9,6 +9,7 @@ folder of its own, ended by its process group at the end.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -74,9 +75,19 @@ def config_for(home: Path) -> RunConfig:
     )
 
 
-def head_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {
-        "RAY_USAGE_STATS_ENABLED": "0"
+def head_env(home: Path) -> dict[str, str]:
+    """The head's environment as ``up`` gives it: no cluster to join, Ray's token
+    authentication on, with a token file of the test's own home (the session's own Ray
+    may have set ``RAY_AUTH_MODE`` in this process, with its token in the real home)."""
+    token = home / ".ray" / "auth_token"
+    token.parent.mkdir(mode=0o700, exist_ok=True)
+    token.write_text(secrets.token_hex(32))
+    token.chmod(0o600)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" and "AUTH" not in k}
+    return env | {
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(token),
     }
 
 
@@ -93,7 +104,7 @@ def test_a_head_that_missed_rays_raylet_wait_is_started_once_more(
         return real_spawn(config, env)
 
     monkeypatch.setattr(local_head, "_spawn", spawn)
-    head = local_head.start_or_join_head(config_for(home), head_env())
+    head = local_head.start_or_join_head(config_for(home), head_env(home))
     assert starts == ["failing", "real"]
     assert head.address and head.alive()
     assert local_head.find_head() == head  # the record names the head that came up
@@ -104,5 +115,5 @@ def test_a_head_that_ended_for_another_reason_is_reported_with_its_log(
 ) -> None:
     monkeypatch.setattr(local_head, "_spawn", failing_spawn("ValueError: port in use"))
     with pytest.raises(LocalHeadError, match=r"ended: ValueError: port in use \(log: "):
-        local_head.start_or_join_head(config_for(home), head_env())
+        local_head.start_or_join_head(config_for(home), head_env(home))
     assert local_head.find_head() is None
