@@ -46,7 +46,8 @@ from common import (  # noqa: E402
 )
 from result_files import run_benchmark  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "cluster"))
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+sys.path[:0] = [str(TESTS / "cluster"), str(TESTS)]  # raycluster imports tests/netutil
 from raycluster import RayTestCluster  # noqa: E402  # the cluster tier's own helper
 
 ROLES = {  # common.cpu_by_role's names -> this benchmark's
