@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ def failing_spawn(log_text: str) -> Any:
             pid=process.pid,
             temp_dir=config.ray.temp_dir or "",
             log=str(log_path),
-            started_at=local_head.time.time(),
+            started_at=time.time(),
         )
         local_head._write_state(head)
         return head, process
