@@ -74,9 +74,9 @@ def check_yaml(text: str, folder: Path, where: str) -> str:
         config = load_config(probe)
     finally:
         probe.unlink()
-    from rayrollout.policy.kinds import check_policy
+    from rayrollout.api.preflight import check_policy_kind
 
-    check_policy(config)  # the kind's own keys (vllm_config), checked by the kind
+    check_policy_kind(config)  # the kind's own keys (vllm_config), checked by the kind
     vllm_config = config.policy.settings.get("vllm_config")
     if vllm_config is not None:  # the deployment file a page names must load too
         deployment = folder / vllm_config

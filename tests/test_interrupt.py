@@ -295,24 +295,24 @@ def run_config(kind: str, mode: str = "interrupt", **policy: Any) -> RunConfig:
 
 
 def test_a_kind_that_cannot_interrupt_refuses_the_mode_by_name():
+    from rayrollout.api.preflight import check_policy_kind
     from rayrollout.data.config import ConfigError
-    from rayrollout.policy.kinds import check_policy
 
     for kind in ("scripted", "openai"):
         with pytest.raises(ConfigError, match=f"policy kind '{kind}' cannot interrupt"):
-            check_policy(run_config(kind))
+            check_policy_kind(run_config(kind))
     with pytest.raises(ConfigError, match="prompt_mode: token_ids"):
-        check_policy(run_config("vllm", prompt_mode="messages", vllm_config="x.yaml"))
-    assert check_policy(run_config("vllm", vllm_config="x.yaml")).name == "vllm"
+        check_policy_kind(run_config("vllm", prompt_mode="messages", vllm_config="x.yaml"))
+    assert check_policy_kind(run_config("vllm", vllm_config="x.yaml")).kind.name == "vllm"
 
 
 def test_a_kinds_keys_then_the_pause_mode_then_the_kinds_checks_are_refused_in_that_order():
-    """The policy section's first error is the same whichever asks (the planner's
-    ``check_policy_kind`` or ``check_policy``): a wrong key of the kind, then a pause mode
-    the kind cannot take, then the kind's own checks across the section."""
+    """The policy section's first error, as the planner's ``check_policy_kind`` and
+    ``RolloutEngine`` say it: a wrong key of the kind, then a pause mode the kind cannot
+    take, then the kind's own checks across the section."""
+    from rayrollout import RolloutEngine
     from rayrollout.api.preflight import check_policy_kind
     from rayrollout.data.config import ConfigError
-    from rayrollout.policy.kinds import check_policy
 
     both = {"base_url": "http://127.0.0.1:1/v1", "vllm_config": "x.yaml"}  # a vLLM check
     cases = [
@@ -321,7 +321,7 @@ def test_a_kinds_keys_then_the_pause_mode_then_the_kinds_checks_are_refused_in_t
         (run_config("vllm", "wait", **both), "not both"),
     ]
     for config, first in cases:
-        for check in (check_policy, check_policy_kind):
+        for check in (check_policy_kind, RolloutEngine):
             with pytest.raises(ConfigError, match=first):
                 check(config)
 
@@ -330,20 +330,20 @@ async def test_continue_on_vllm_chat_calls_is_refused_by_name_where_the_cut_is_u
     """vLLM's chat path (prompt_mode 'messages') finishes a call under the new weights with
     no position of the cut, so 'continue' is refused there, in the config and at pause();
     token-ids mode, and kinds whose server takes no weights from the engine, keep it."""
+    from rayrollout.api.preflight import check_policy_kind
     from rayrollout.data.config import ConfigError
     from rayrollout.engine.weights import WeightSync
-    from rayrollout.policy.kinds import check_policy
 
     chat = run_config("vllm", "continue", prompt_mode="messages", vllm_config="x.yaml")
     with pytest.raises(ConfigError, match="pause_mode 'continue'.*prompt_mode: token_ids"):
-        check_policy(chat)
+        check_policy_kind(chat)
     for allowed in (
         run_config("vllm", "continue", vllm_config="x.yaml"),
         run_config("vllm", "continue", prompt_mode="token_ids", vllm_config="x.yaml"),
         run_config("scripted", "continue"),
         run_config("openai", "continue", base_url="http://127.0.0.1:1/v1"),
     ):
-        check_policy(allowed)
+        check_policy_kind(allowed)
 
     class Backend:
         paused: list[str] = []

@@ -156,21 +156,21 @@ async def test_responses_api_failures_become_policy_errors(flaky_server):
 
 def test_responses_api_against_ray_serve_llm_is_refused_at_config_time():
     """The vLLM kind's own check, run when rayrollout takes the config (before anything
-    starts): ``RolloutEngine`` and ``plan_collect`` call ``check_policy``."""
+    starts): ``RolloutEngine`` and ``plan_collect`` call ``check_policy_kind``."""
     from rayrollout import RolloutEngine
+    from rayrollout.api.preflight import check_policy_kind
     from rayrollout.data.config import ConfigError, load_config
-    from rayrollout.policy.kinds import check_policy
 
     vllm = {"kind": "vllm", "vllm_config": "rayrollout/deployments/vllm/cpu.yaml"}
     with pytest.raises(ConfigError, match=r"policy.*no /v1/responses.*api: chat"):
-        check_policy(load_config(overrides={"policy": {**vllm, "api": "responses"}}))
+        check_policy_kind(load_config(overrides={"policy": {**vllm, "api": "responses"}}))
     with pytest.raises(ConfigError, match=r"policy.*no /v1/responses.*api: chat"):
         RolloutEngine({"policy": {**vllm, "api": "responses"}})
     # Token-ids mode never calls /v1/responses, whatever 'api' says.
     config = load_config(
         overrides={"policy": {**vllm, "api": "responses", "prompt_mode": "token_ids"}}
     )
-    assert check_policy(config).name == "vllm"
+    assert check_policy_kind(config).kind.name == "vllm"
     assert config.policy.prompt_mode == "token_ids"
 
 
@@ -199,12 +199,13 @@ def test_kind_vllm_with_a_base_url_attaches_to_that_app_and_sends_it_the_policy_
     the workers' calls and the weight updates (its control routes) carry the policy key."""
     from pydantic import SecretStr
 
+    from rayrollout.api.preflight import check_policy_kind
     from rayrollout.auth import RouteAuth
     from rayrollout.data.config import ConfigError, RunConfig
     from rayrollout.engine.secret_env import workers_policy_key
     from rayrollout.engine.startup import prepare_policy
     from rayrollout.engine.weights import WeightSync
-    from rayrollout.policy.kinds import check_policy, policy_kind
+    from rayrollout.policy.kinds import policy_kind
 
     monkeypatch.setenv("SHARED_VLLM_KEY", "the-apps-key")
     url = "http://127.0.0.1:8000/other-run/policy/v1"
@@ -223,7 +224,7 @@ def test_kind_vllm_with_a_base_url_attaches_to_that_app_and_sends_it_the_policy_
     assert workers_policy_key(deployed, SecretStr("run-token")).get_secret_value() == "run-token"
     both = RunConfig.model_validate({"policy": {**policy, "base_url": url, "vllm_config": "x"}})
     with pytest.raises(ConfigError, match="not both"):
-        check_policy(both)
+        check_policy_kind(both)
 
 
 @pytest.fixture

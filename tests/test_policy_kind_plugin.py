@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rayrollout.api.preflight import check_policy_kind
 from rayrollout.data.config import ConfigError, RunConfig
 from rayrollout.policy import kinds
-from rayrollout.policy.kinds import UnknownPolicyKindError, check_policy, policy_kind, policy_kinds
+from rayrollout.policy.kinds import UnknownPolicyKindError, policy_kind, policy_kinds
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
@@ -55,7 +56,7 @@ def test_a_kind_from_a_package_outside_rayrollout_is_found_by_its_entry_point(th
     assert policy_kinds()["thin"] == "thin_policy_kind.kind:THIN"
     assert policy_kind("thin") is THIN
     config = RunConfig.model_validate({"policy": thin_policy(served_model="thin")})
-    assert check_policy(config) is THIN
+    assert check_policy_kind(config).kind is THIN
     assert kinds.kind_settings(config, ThinSettings).reply == REPLY
 
 
@@ -84,16 +85,16 @@ def test_a_kinds_own_settings_are_checked_by_its_model_before_anything_starts(th
 def test_another_kinds_settings_are_refused_by_name(thin_installed):
     config = RunConfig.model_validate({"policy": thin_policy(vllm_config="cpu.yaml")})
     with pytest.raises(ConfigError, match=r"policy\.vllm_config: not a setting of policy kind"):
-        check_policy(config)
+        check_policy_kind(config)
     openai = RunConfig.model_validate({"policy": {"kind": "openai", "reply": REPLY}})
     with pytest.raises(ConfigError, match="its own settings: none"):
-        check_policy(openai)
+        check_policy_kind(openai)
 
 
 def test_an_unknown_kind_names_the_registered_ones_and_the_nearest(thin_installed):
     config = RunConfig.model_validate({"policy": {"kind": "thn"}})
     with pytest.raises(UnknownPolicyKindError) as raised:
-        check_policy(config)
+        check_policy_kind(config)
     message = str(raised.value)
     assert "unknown policy kind 'thn' (did you mean 'thin'?)" in message
     assert "Registered: openai, scripted, thin, vllm" in message

@@ -23,7 +23,7 @@ from typing import Any, Protocol, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from rayrollout.auth import RouteAuth
-from rayrollout.data.config import ConfigError, RunConfig
+from rayrollout.data.config import RunConfig
 from rayrollout.plugins import PluginGroup
 from rayrollout.policy.errors import UnknownPolicyKindError, WeightUpdateError
 from rayrollout.policy.gate import PauseMode
@@ -42,7 +42,6 @@ __all__ = [
     "UnknownPolicyKindError",
     "WeightBackend",
     "WeightUpdateError",
-    "check_policy",
     "continue_refusal",
     "kind_settings",
     "interrupt_refusal",
@@ -267,28 +266,6 @@ def pause_mode_refusal(kind: PolicyKind, config: RunConfig) -> str | None:
     else:
         return None
     return None if refusal is None else f"invalid config: training.pause_mode: {refusal}"
-
-
-def check_policy(config: RunConfig) -> PolicyKind:
-    """Check ``config.policy`` against its kind, before anything starts: the kind is
-    registered, its settings validate, it can take the config's pause mode, and its checks
-    (its settings model's validators) accept the section. Returns the kind. The planner
-    asks the same of the kind without handing it the config
-    (``api.preflight.check_policy_kind``).
-
-    Raises:
-        UnknownPolicyKindError: ``policy.kind`` names no registered kind (the known ones and
-            the nearest are named).
-        ConfigError: a setting of the kind is wrong, the kind's checks refuse the section,
-            or the kind cannot take ``training.pause_mode``.
-    """
-    kind = policy_kind(config.policy.kind)
-    config.policy.settings_as(kind.settings_model, checks=False)
-    refusal = pause_mode_refusal(kind, config)
-    if refusal is not None:
-        raise ConfigError(refusal)
-    config.policy.settings_as(kind.settings_model)
-    return kind
 
 
 @dataclass(frozen=True)
