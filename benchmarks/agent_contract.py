@@ -32,7 +32,8 @@ from result_files import run_benchmark  # noqa: E402
 
 from rayrollout.data.config import RunConfig  # noqa: E402
 from rayrollout.data.schema import Message, Task, Trajectory  # noqa: E402
-from rayrollout.engine.episode_frame import EpisodeSpec, run_episode  # noqa: E402
+from rayrollout.engine.episode_frame import run_episode  # noqa: E402
+from rayrollout.engine.episode_spec import EpisodeSpec
 from rayrollout.envkit.registry import load_environment  # noqa: E402
 from rayrollout.envkit.sessions import InlineSession  # noqa: E402
 from rayrollout.policy.client import PolicyClient  # noqa: E402

@@ -93,7 +93,7 @@ def main() -> None:
         from rayrollout.auth import read_token_file
         from rayrollout.client import RolloutClient
         from rayrollout.data.tasks import parse_task_row
-        from rayrollout.engine.episode_frame import EpisodeSpec
+        from rayrollout.engine.episode_spec import EpisodeSpec
         from rayrollout.engine.secret_env import route_token_path
 
         namespace = "bench-service"

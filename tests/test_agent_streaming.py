@@ -11,7 +11,7 @@ from rayrollout import RunConfig
 from rayrollout.data.schema import Trajectory
 from rayrollout.data.tasks import parse_task_row
 from rayrollout.engine.chunks import ChunkRows
-from rayrollout.engine.episode_frame import EpisodeSpec
+from rayrollout.engine.episode_spec import EpisodeSpec
 from rayrollout.engine.feeding import (
     Refill,
     most_within,

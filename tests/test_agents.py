@@ -29,7 +29,8 @@ from rayrollout.data.schema import (
     Trajectory,
     Turn,
 )
-from rayrollout.engine.episode_frame import EpisodeSpec, run_episode
+from rayrollout.engine.episode_frame import run_episode
+from rayrollout.engine.episode_spec import EpisodeSpec
 from rayrollout.environments.weather.env import WeatherEnv
 from rayrollout.envkit.sessions import InlineSession
 from rayrollout.policy.client import PolicyReply

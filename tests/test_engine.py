@@ -229,7 +229,7 @@ def test_engine_workers_and_environment_replicas_run_with_a_tuned_collector(
     the collector. The driver, the user's process, keeps its own settings."""
     import gc
 
-    from rayrollout.engine.worker import worker_name
+    from rayrollout.engine.feeding import worker_name
     from rayrollout.gc_tuning import YOUNG_THRESHOLD
 
     def collector(actor):
@@ -266,7 +266,7 @@ def test_workers_keep_serves_logger_at_warning_after_their_first_serve_hosted_ca
     import logging
     import sys
 
-    from rayrollout.engine.worker import worker_name
+    from rayrollout.engine.feeding import worker_name
 
     def serve_logger(actor):
         return ray.get(

@@ -5,7 +5,7 @@ process travels as changed."""
 import pickle
 
 from rayrollout.data.tasks import parse_task_row
-from rayrollout.engine.episode_frame import EpisodeSpec
+from rayrollout.engine.episode_spec import EpisodeSpec
 
 
 def task():

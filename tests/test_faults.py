@@ -27,7 +27,7 @@ from rayrollout.data.config import PolicyConfig
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import Message
 from rayrollout.data.tasks import parse_task_row
-from rayrollout.engine.episode_frame import EpisodeSpec
+from rayrollout.engine.episode_spec import EpisodeSpec
 from rayrollout.engine.worker import WorkerRunner
 from rayrollout.envkit.sessions import EnvironmentLost, InlineSession
 from rayrollout.policy.client import PolicyClient, PolicyError

@@ -38,7 +38,7 @@ async def test_an_inline_session_is_built_with_the_config_args():
     config = RunConfig.model_validate(
         {"environments": {"ahoy": {"path": GREETER, "args": {"greeting": "ahoy"}}}}
     )
-    from rayrollout.engine.episode_frame import EpisodeSpec
+    from rayrollout.engine.episode_spec import EpisodeSpec
     from rayrollout.engine.worker import WorkerRunner
 
     runner = WorkerRunner("worker:test", config, "http://127.0.0.1:1/v1")
@@ -62,7 +62,7 @@ async def test_hosting_is_looked_up_by_the_registered_name_not_the_class_name():
             }
         }
     )
-    from rayrollout.engine.episode_frame import EpisodeSpec
+    from rayrollout.engine.episode_spec import EpisodeSpec
     from rayrollout.engine.worker import WorkerRunner
 
     runner = WorkerRunner("worker:test", config, "http://127.0.0.1:1/v1")

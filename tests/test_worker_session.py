@@ -12,7 +12,7 @@ import pytest
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import Trajectory
 from rayrollout.data.tasks import parse_task_row
-from rayrollout.engine.episode_frame import EpisodeSpec
+from rayrollout.engine.episode_spec import EpisodeSpec
 from rayrollout.engine.worker_parts import PartsTarget, WorkerParts
 from rayrollout.engine.worker_session import WorkerSession
 

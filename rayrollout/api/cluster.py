@@ -39,10 +39,10 @@ from rayrollout.api.service.service_actor import ENGINE_WAIT_S, SERVICE_NAME, Se
 from rayrollout.auth import read_token_file
 from rayrollout.data.config import RunConfig
 from rayrollout.engine.engine_actor import ENGINE_NAME
+from rayrollout.engine.feeding import WORKER_PREFIX
 from rayrollout.engine.placement import cpu_actor_options
 from rayrollout.engine.secret_env import route_token_path
 from rayrollout.engine.startup import ensure_ray, policy_app_name
-from rayrollout.engine.worker import WORKER_PREFIX
 from rayrollout.envkit.server import environment_app_name
 
 __all__ = [

@@ -17,7 +17,7 @@ from rayrollout.data.config import RunConfig
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import Task
 from rayrollout.data.tasks import CheckedRow, InvalidTaskError, UniqueTaskIds
-from rayrollout.engine.episode_frame import EpisodeSpec
+from rayrollout.engine.episode_spec import EpisodeSpec
 from rayrollout.policy.kinds import CheckedPolicy
 
 __all__ = [

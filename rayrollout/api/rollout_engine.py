@@ -50,12 +50,12 @@ from rayrollout.data.config import ConfigError, RunConfig
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import Trajectory
 from rayrollout.engine.engine_actor import ENGINE_NAME, EngineActor, start_workers
-from rayrollout.engine.episode_frame import EpisodeSpec
+from rayrollout.engine.episode_spec import EpisodeSpec
+from rayrollout.engine.feeding import worker_name
 from rayrollout.engine.placement import cpu_actor_options
 from rayrollout.engine.run_figures import RunSnapshot
 from rayrollout.engine.secret_env import route_token_path, workers_policy_key
 from rayrollout.engine.startup import ensure_ray, prepare_policy
-from rayrollout.engine.worker import worker_name
 from rayrollout.errors import RayrolloutError
 from rayrollout.policy.kinds import CheckedPolicy
 

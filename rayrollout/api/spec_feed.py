@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from rayrollout.engine.episode_frame import EpisodeSpec
+from rayrollout.engine.episode_spec import EpisodeSpec
 
 __all__ = ["SpecFeed"]
 

@@ -268,7 +268,8 @@ async def _play_one(
 ) -> Trajectory:
     """One episode as a worker actor plays it, with the environment inline: built with its
     config args; a class that cannot be built ends the episode 'error', as in a run."""
-    from rayrollout.engine.episode_frame import EpisodeSpec, failed_trajectory, run_episode
+    from rayrollout.engine.episode_frame import run_episode
+    from rayrollout.engine.episode_spec import EpisodeSpec, failed_trajectory
     from rayrollout.envkit.registry import environment_spec
     from rayrollout.envkit.sessions import InlineSession
 

@@ -44,8 +44,15 @@ from rayrollout.data.task_digests import NextSamples
 from rayrollout.data.writer import PartWriter, make_sink
 from rayrollout.engine.chunks import ChunkRows, WorkerReport
 from rayrollout.engine.deploy import EnvironmentDeployer
-from rayrollout.engine.episode_frame import EpisodeSpec, failed_trajectory
-from rayrollout.engine.feeding import Refill, chunk_size, worker_limits, worker_with_room
+from rayrollout.engine.episode_spec import EpisodeSpec, failed_trajectory
+from rayrollout.engine.feeding import (
+    Refill,
+    chunk_size,
+    worker_limits,
+    worker_name,
+    worker_share,
+    worker_with_room,
+)
 from rayrollout.engine.groups import SamplingCounts
 from rayrollout.engine.metrics import EpisodeHistograms, RunMetrics
 from rayrollout.engine.placement import worker_actor_options
@@ -55,7 +62,6 @@ from rayrollout.engine.streaming import StreamingAPI
 from rayrollout.engine.tally import Tally
 from rayrollout.engine.training import TrainingLoopAPI
 from rayrollout.engine.weights import WeightSync
-from rayrollout.engine.worker import WorkerActor, worker_name, worker_share
 from rayrollout.engine.worker_parts import PartsTarget
 from rayrollout.gc_tuning import tune_gc
 
@@ -72,6 +78,10 @@ def start_workers(config: RunConfig, policy_url: str, policy_key: SecretStr | No
     The driver of a run that ends with it starts them beside the engine actor, not from it:
     each is a Python process of a second or more of imports, and the engine's own start need
     not come first. The caller owns them, so a detached engine starts its own."""
+    # Imported here: the worker's module brings the episode loop, agents, the policy client
+    # and Serve handles, which an engine actor whose driver starts the workers never needs.
+    from rayrollout.engine.worker import WorkerActor
+
     return [
         WorkerActor.options(  # type: ignore[attr-defined]  # a Ray actor class (stubs)
             name=worker_name(i),

@@ -1,4 +1,5 @@
-"""How many episodes the engine keeps out at once, and in what batches.
+"""How the engine feeds its workers: their names, how many episodes it keeps out at once,
+and in what batches.
 
 A reserve waits in the workers beyond ``concurrency``, so a freed slot starts the next
 episode at once instead of after a round trip; ``Refill`` sizes it from the run's measured
@@ -12,6 +13,14 @@ from collections import deque
 from typing import Any
 
 _RESERVE_S = 0.1  # the least round trip a worker's reserve covers
+
+WORKER_PREFIX = "worker:"
+"""Worker actors are named ``worker:<i>`` in the run's namespace."""
+
+
+def worker_name(index: int) -> str:
+    """Actor name of the i-th worker in a run's namespace."""
+    return f"{WORKER_PREFIX}{index}"
 
 
 def worker_share(concurrency: int, num_workers: int, index: int) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from rayrollout.data.schema import Task, Trajectory
-from rayrollout.engine.episode_frame import EpisodeSpec
+from rayrollout.engine.episode_spec import EpisodeSpec
 from rayrollout.figures import SamplingCounts
 
 __all__ = ["SPREAD_TOLERANCE", "GenerateResult", "Group", "SamplingCounts", "generate_groups"]

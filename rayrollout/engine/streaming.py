@@ -30,7 +30,7 @@ import orjson
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import Trajectory
 from rayrollout.data.task_digests import NextSamples
-from rayrollout.engine.episode_frame import EpisodeSpec
+from rayrollout.engine.episode_spec import EpisodeSpec
 
 __all__ = ["RowSink", "StreamedRow", "StreamingAPI"]
 

@@ -14,7 +14,7 @@ from rayrollout.data.config import RunConfig
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import Task
 from rayrollout.data.task_digests import NextSamples
-from rayrollout.engine.episode_frame import EpisodeSpec
+from rayrollout.engine.episode_spec import EpisodeSpec
 from rayrollout.engine.groups import GenerateResult, SamplingCounts, generate_groups
 from rayrollout.engine.stats import RunStats
 from rayrollout.engine.weights import WeightSync

@@ -25,8 +25,9 @@ from rayrollout.agentkit.gateway import Gateway
 from rayrollout.agentkit.registry import agent_spec, resolve_agent
 from rayrollout.data.config import RunConfig
 from rayrollout.engine.chunks import WorkerReport, warm_arrow
-from rayrollout.engine.episode_frame import EpisodeSpec, failed_trajectory, run_episode
-from rayrollout.engine.feeding import worker_share
+from rayrollout.engine.episode_frame import run_episode
+from rayrollout.engine.episode_spec import EpisodeSpec, failed_trajectory
+from rayrollout.engine.feeding import WORKER_PREFIX
 from rayrollout.engine.metrics import EpisodeHistograms
 from rayrollout.engine.worker_parts import Finished, PartsTarget, WorkerParts
 from rayrollout.engine.worker_session import WorkerSession
@@ -44,19 +45,11 @@ from rayrollout.gc_tuning import tune_gc
 from rayrollout.policy.client import PolicyClient
 from rayrollout.policy.gate import PauseMode, PolicyGate
 
-__all__ = ["WORKER_PREFIX", "WorkerActor", "worker_name", "worker_share"]
-
-WORKER_PREFIX = "worker:"
-"""Worker actors are named ``worker:<i>`` in the run's namespace."""
+__all__ = ["WorkerActor"]
 
 logger = logging.getLogger(__name__)
 _EPISODE_ATTEMPTS = 3  # tries of an episode whose environment replica died mid-episode
 _LINGER_S = 0.005  # episodes of a chunk finishing this close together go back as one batch
-
-
-def worker_name(index: int) -> str:
-    """Actor name of the i-th worker in a run's namespace."""
-    return f"{WORKER_PREFIX}{index}"
 
 
 class RunningSlot:

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from typing import Any
 
 from rayrollout.engine.chunks import WorkerReport
-from rayrollout.engine.episode_frame import EpisodeSpec, failed_trajectory
+from rayrollout.engine.episode_spec import EpisodeSpec, failed_trajectory
 from rayrollout.engine.metrics import EpisodeHistograms
 from rayrollout.engine.tally import Tally
 from rayrollout.engine.worker_parts import ChunkCommits, WorkerParts

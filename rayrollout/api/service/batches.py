@@ -30,7 +30,7 @@ from typing import Any
 from rayrollout.api.errors import CursorGoneError
 from rayrollout.api.service.journal import BatchJournal
 from rayrollout.client.models import BatchStatus, Limits, RowError
-from rayrollout.engine.episode_frame import EpisodeSpec
+from rayrollout.engine.episode_spec import EpisodeSpec
 from rayrollout.engine.streaming import StreamedRow
 
 __all__ = ["Batch", "BatchRegistry", "CursorGoneError", "fingerprint"]

@@ -43,7 +43,7 @@ from rayrollout.client.models import (
 from rayrollout.data.config import RunConfig
 from rayrollout.data.schema import Task
 from rayrollout.data.validation import first_problem
-from rayrollout.engine.episode_frame import EpisodeSpec
+from rayrollout.engine.episode_spec import EpisodeSpec
 
 __all__ = ["HttpError", "RolloutService", "engine_error", "limits_of"]
 

@@ -15,7 +15,7 @@ from rayrollout.api.service.core import HttpError, RolloutService, engine_error
 from rayrollout.data.export.nemo_gym import VERIFIED, nemo_gym_failure_row, nemo_gym_row
 from rayrollout.data.schema import Trajectory
 from rayrollout.data.tasks import InvalidTaskError, parse_task_row
-from rayrollout.engine.episode_frame import EpisodeSpec
+from rayrollout.engine.episode_spec import EpisodeSpec
 
 __all__ = ["run_nemo_gym"]
 

@@ -9,7 +9,8 @@ from rayrollout import RolloutEngine
 from rayrollout.data.config import EpisodeConfig, PolicyConfig
 from rayrollout.data.schema import Task
 from rayrollout.data.tasks import read_tasks
-from rayrollout.engine.episode_frame import EpisodeSpec, run_episode
+from rayrollout.engine.episode_frame import run_episode
+from rayrollout.engine.episode_spec import EpisodeSpec
 from rayrollout.environments.booking.env import BookingEnv
 from rayrollout.envkit.sessions import InlineSession
 from rayrollout.policy.client import PolicyClient
