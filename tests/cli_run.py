@@ -42,12 +42,21 @@ def collect_tasks(
     return out
 
 
-def run_demo(base: Path, namespace: str, episodes: int, **env: str) -> tuple[Path, str]:
+def run_demo(
+    base: Path,
+    namespace: str,
+    episodes: int,
+    serve_port: int | None = None,
+    exit_code: int = 0,
+    **env: str,
+) -> tuple[Path, str]:
     """``rayrollout demo`` as a user runs it: its own process and its own Ray (namespace
-    ``namespace``, a free Serve port), 80 columns, ``env`` added to the environment. Returns
-    the output folder, ``base/demo``, and the console; an exit other than 0 fails the test."""
+    ``namespace``, Serve on ``serve_port`` or a free port), 80 columns, ``env`` added to the
+    environment. Returns the output folder, ``base/demo``, and the console; an exit other
+    than ``exit_code`` fails the test."""
     config = base / "demo.yaml"
-    config.write_text(yaml.safe_dump({"ray": {"serve_port": free_port()}, "namespace": namespace}))
+    port = serve_port if serve_port is not None else free_port()
+    config.write_text(yaml.safe_dump({"ray": {"serve_port": port}, "namespace": namespace}))
     out = base / "demo"
     environ = {**os.environ, "COLUMNS": "80", **env}
     environ.pop("RAY_ADDRESS", None)
@@ -60,5 +69,5 @@ def run_demo(base: Path, namespace: str, episodes: int, **env: str) -> tuple[Pat
         env=environ,
     )
     console = done.stdout + done.stderr
-    assert done.returncode == 0, console[-3000:]
+    assert done.returncode == exit_code, console[-3000:]
     return out, console

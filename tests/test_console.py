@@ -4,6 +4,7 @@ a run in which every episode failed ending with exit code 3."""
 
 import logging
 import re
+import socket
 import sys
 from pathlib import Path
 
@@ -271,3 +272,18 @@ def test_the_demo_console_is_quiet_and_fits_80_columns(tmp_path):
     # Serve starts for the code sandbox's environment only (the demo's policy is an actor).
     assert ("Started Serve" in log) is (CodeEnv.unavailable_reason() is None)
     assert "fork_posix" not in log and "Timeout is disabled" not in log
+
+
+def test_a_serve_port_another_program_holds_ends_the_run_in_one_line_naming_it(tmp_path):
+    """Serve's proxy cannot bind a port another program holds; the run stops on one line
+    naming the port and the setting that moves it, not on Serve's traceback."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        _, console = run_demo(tmp_path, "port-taken", 8, serve_port=port, exit_code=1)
+    errors = [line for line in console.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, console[-3000:]
+    assert f"Serve's HTTP port {port} on 127.0.0.1 is taken by another program" in errors[0]
+    assert "ray.serve_port" in errors[0]
+    assert "Traceback" not in console and "RayTaskError" not in console

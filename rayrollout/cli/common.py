@@ -33,7 +33,12 @@ def fail(message: str, code: int) -> NoReturn:
 
 
 def fail_with(error: RayrolloutError) -> NoReturn:
-    """``fail`` for a rayrollout error: exit 2 for an ``InputError``, 1 for the rest."""
+    """``fail`` for a rayrollout error: exit 2 for an ``InputError``, 1 for the rest. An error
+    raised inside an actor arrives wrapped by Ray (its ``cause``, with the actor's traceback
+    in its text): the message is the cause's own."""
+    cause = getattr(error, "cause", None)
+    if isinstance(cause, RayrolloutError):
+        error = cause
     fail(str(error), exit_code(error))
 
 

@@ -343,7 +343,11 @@ class RayConfig(_Config):
         "and logs); None: Ray's own (/tmp/ray).",
     )
     serve_host: str = Field(default="127.0.0.1", description="Serve HTTP bind address.")
-    serve_port: int = Field(default=8000, description="Serve HTTP port.")
+    serve_port: int = Field(
+        default=8000,
+        description="Serve HTTP port. One another program holds on the node is refused by name "
+        "before Serve starts.",
+    )
     serve_proxy_location: Literal["EveryNode", "HeadOnly"] = Field(
         default="EveryNode",
         description="Where Serve runs HTTP proxies: 'EveryNode' lets workers on any node reach "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections.abc import Callable
 
 import ray
@@ -26,6 +27,7 @@ from rayrollout.policy.kinds import CheckedPolicy, OwnServer, policy_kind
 __all__ = [
     "PolicyEndpointError",
     "attach_ray",
+    "check_serve_port",
     "deploy_policy",
     "ensure_ray",
     "ensure_serve",
@@ -105,6 +107,8 @@ def ensure_serve(config: RunConfig) -> None:
     """
     from ray import serve
 
+    if not _serve_is_up():
+        check_serve_port(config)
     for attempt in range(3):
         try:
             serve.start(
@@ -121,6 +125,40 @@ def ensure_serve(config: RunConfig) -> None:
                     "machine may be overloaded: see Ray's logs (the run's _logs folder), "
                     "or raise RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"
                 ) from None
+
+
+def _serve_is_up() -> bool:
+    """Serve already runs in this cluster (its proxies hold their ports)."""
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    try:
+        ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    except ValueError:
+        return False
+    return True
+
+
+def check_serve_port(config: RunConfig) -> None:
+    """Refuse a Serve HTTP port another program holds on this node, before Serve starts.
+
+    Serve's proxy cannot bind it then: the run would stop on a traceback from inside Serve
+    with the cause at its end, or, where that program is another cluster's Serve, its calls
+    would reach that cluster.
+
+    Raises:
+        ClusterError: the port is taken; names it and the setting that moves it.
+    """
+    host, port = config.ray.serve_host, config.ray.serve_port
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the proxy binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ClusterError(
+                f"Serve's HTTP port {port} on {host} is taken by another program "
+                f"({exc.strerror}): stop that program, or give the run a free port "
+                "(ray.serve_port in --config)"
+            ) from None
 
 
 # Serve's controller kills an HTTP proxy not ready within 5 s of starting (health checks
