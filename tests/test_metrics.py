@@ -29,25 +29,33 @@ def test_documented_metrics_appear_with_sensible_values(tmp_path, serve_session,
         "ray": {"serve_port": serve_session},
     }
     tasks = [{"task_id": f"m{i}", "prompt": f"say {i}", "environment": "echo"} for i in range(12)]
+    ours = {"namespace": "metrics-test"}
+    # Each process (engine, workers) exports its own series in periodic batches, and earlier
+    # tests' series carry the same names: wait for this run's counts, not only the names.
+    wanted = [
+        ("ray_rayrollout_episodes_finished", {"environment": "echo", "status": "ok"}, 12),
+        ("ray_rayrollout_reward_count", {}, 12),
+        ("ray_rayrollout_policy_call_seconds_count", {}, 24),
+        ("ray_rayrollout_tool_call_seconds_count", {"tool": "echo"}, 12),
+    ]
+
+    def arrived(text: str) -> bool:
+        return all(sample(text, name, **ours, **labels) == n for name, labels, n in wanted)
+
     with RolloutEngine(config) as engine:
         engine.collect(tasks)
         deadline = time.monotonic() + 60
         text = ""
         while time.monotonic() < deadline:
             text = scrape(metrics_port)
-            finished = sample(
-                text,
-                "ray_rayrollout_episodes_finished",
-                namespace="metrics-test",
-                environment="echo",
-                status="ok",
-            )
-            # Metrics are exported in periodic batches: wait for the last ones recorded too.
-            if finished >= 12 and all(f"ray_{name}" in text for name in METRIC_NAMES):
+            if arrived(text) and all(f"ray_{name}" in text for name in METRIC_NAMES):
                 break
             time.sleep(2)
     for name in METRIC_NAMES:
         assert f"ray_{name}" in text, f"{name} not exported"
+    finished = sample(
+        text, "ray_rayrollout_episodes_finished", **ours, environment="echo", status="ok"
+    )
     assert finished == 12
     assert sample(text, "ray_rayrollout_episodes_submitted", namespace="metrics-test") == 12
     assert sample(text, "ray_rayrollout_reward_count", namespace="metrics-test") == 12
