@@ -42,7 +42,7 @@ from rayrollout.engine.engine_actor import ENGINE_NAME
 from rayrollout.engine.feeding import WORKER_PREFIX
 from rayrollout.engine.placement import cpu_actor_options
 from rayrollout.engine.secret_env import route_token_path
-from rayrollout.engine.startup import ensure_ray, policy_app_name
+from rayrollout.engine.startup import ensure_ray, named_actor, policy_app_name
 from rayrollout.envkit.server import environment_app_name
 
 __all__ = [
@@ -143,7 +143,7 @@ def start_detached(config: RunConfig) -> Any:
     """
     ensure_ray(config, lasting=True)
     service = _live_service(config.namespace)
-    if service is not None and _has_engine(config.namespace):
+    if service is not None and named_actor(ENGINE_NAME, config.namespace) is not None:
         described: Any = ray.get(service.describe.remote(), timeout=30)
         raise EngineExistsError(
             f"the run in Ray namespace '{config.namespace}' is already up (its service at "
@@ -172,9 +172,8 @@ def _replace_engine_without_service(namespace: str) -> None:
         log.warning("namespace '%s': removed an HTTP service that did not answer", namespace)
     except ValueError:
         pass
-    try:
-        engine = ray.get_actor(ENGINE_NAME, namespace=namespace)
-    except ValueError:
+    engine = named_actor(ENGINE_NAME, namespace)
+    if engine is None:
         return
     log.warning(
         "namespace '%s' holds an engine without its HTTP service (an `up` stopped during "
@@ -182,14 +181,6 @@ def _replace_engine_without_service(namespace: str) -> None:
         namespace,
     )
     _remove_engine(namespace, engine, [])
-
-
-def _has_engine(namespace: str) -> bool:
-    try:
-        ray.get_actor(ENGINE_NAME, namespace=namespace)
-    except ValueError:
-        return False
-    return True
 
 
 def _live_service(namespace: str) -> Any:
@@ -225,9 +216,8 @@ def start_service(config: RunConfig, route_token: Any) -> str:
 
 def service_url(namespace: str) -> str | None:
     """The URL of the namespace's HTTP service, or None when none is up."""
-    try:
-        service = ray.get_actor(SERVICE_NAME, namespace=namespace)
-    except ValueError:
+    service = named_actor(SERVICE_NAME, namespace)
+    if service is None:
         return None
     described: Any = ray.get(service.describe.remote(), timeout=30)
     return described["url"]
@@ -335,10 +325,7 @@ def running_namespaces() -> list[str]:
 def down(namespace: str) -> list[str]:
     """Remove the namespace's engine, workers and Serve apps; returns what was removed."""
     removed: list[str] = []
-    try:
-        service = ray.get_actor(SERVICE_NAME, namespace=namespace)
-    except ValueError:
-        service = None
+    service = named_actor(SERVICE_NAME, namespace)
     if service is not None:
         try:
             ray.get(service.close.remote(), timeout=30)
@@ -346,10 +333,7 @@ def down(namespace: str) -> list[str]:
             pass
         ray.kill(service)
         removed.append(f"actor {namespace}/{SERVICE_NAME}")
-    try:
-        engine = ray.get_actor(ENGINE_NAME, namespace=namespace)
-    except ValueError:
-        engine = None
+    engine = named_actor(ENGINE_NAME, namespace)
     _remove_engine(namespace, engine, removed)
     for name in list(serve.status().applications):
         if name == policy_app_name(namespace) or name.startswith(

@@ -55,7 +55,7 @@ from rayrollout.engine.feeding import worker_name
 from rayrollout.engine.placement import cpu_actor_options
 from rayrollout.engine.run_figures import RunSnapshot
 from rayrollout.engine.secret_env import route_token_path, workers_policy_key
-from rayrollout.engine.startup import ensure_ray, prepare_policy
+from rayrollout.engine.startup import ensure_ray, named_actor, prepare_policy
 from rayrollout.errors import RayrolloutError
 from rayrollout.policy.kinds import CheckedPolicy
 
@@ -199,11 +199,7 @@ class RolloutEngine:
             raise ConfigError(reason)
         ensure_ray(self.config)
         namespace = self.config.namespace
-        existing: Any
-        try:
-            existing = ray.get_actor(ENGINE_NAME, namespace=namespace)
-        except ValueError:
-            existing = None
+        existing = named_actor(ENGINE_NAME, namespace)
         if existing is not None:
             if not detached and ray.get(existing.info.remote(), timeout=60)["detached"]:
                 return self._attach(existing)  # started by `rayrollout up`: use it, leave it up

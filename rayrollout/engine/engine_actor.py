@@ -78,8 +78,9 @@ def start_workers(config: RunConfig, policy_url: str, policy_key: SecretStr | No
     The driver of a run that ends with it starts them beside the engine actor, not from it:
     each is a Python process of a second or more of imports, and the engine's own start need
     not come first. The caller owns them, so a detached engine starts its own."""
-    # Imported here: the worker's module brings the episode loop, agents, the policy client
-    # and Serve handles, which an engine actor whose driver starts the workers never needs.
+    # Imported here: the worker's module brings the episode loop, agents, environment
+    # sessions and Serve batching, which an engine actor whose driver starts the workers
+    # never needs.
     from rayrollout.engine.worker import WorkerActor
 
     return [

@@ -3,7 +3,7 @@ could not start.
 
 Apart from the episode loop (``episode_frame``) so that the processes that only queue,
 forward and fail specs (the engine actor, the service, the planner) do not import the loop,
-its agents and the policy client.
+its agents and environment sessions.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable
+from typing import Any
 
 import ray
 from ray.exceptions import RayActorError
@@ -31,6 +32,7 @@ __all__ = [
     "deploy_policy",
     "ensure_ray",
     "ensure_serve",
+    "named_actor",
     "policy_app_name",
     "prepare_policy",
 ]
@@ -127,15 +129,19 @@ def ensure_serve(config: RunConfig) -> None:
                 ) from None
 
 
+def named_actor(name: str, namespace: str) -> Any | None:
+    """The live actor named ``name`` in ``namespace`` on the connected cluster, or None."""
+    try:
+        return ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        return None
+
+
 def _serve_is_up() -> bool:
     """Serve already runs in this cluster (its proxies hold their ports)."""
     from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
 
-    try:
-        ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
-    except ValueError:
-        return False
-    return True
+    return named_actor(SERVE_CONTROLLER_NAME, SERVE_NAMESPACE) is not None
 
 
 def check_serve_port(config: RunConfig) -> None:
