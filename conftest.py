@@ -60,6 +60,12 @@ def pytest_configure(config: pytest.Config) -> None:
         + f"); skipped naming it where it is missing, failed where {REQUIRE_VARIABLE} names it",
     )
     required_packages()  # a typo in CI's list stops the run before any test
+    # Ray starts its workers at nice 15. A test waits at nice 0 for actors that then get a
+    # sliver of a busy machine (weight 36 against 1,024 per busy process), so its deadlines
+    # measure the load, not the code. At pytest's own priority, load slows both sides alike.
+    # Set here, before any Ray starts: the session's Ray and the Rays that `rayrollout`
+    # subprocesses start inherit it.
+    os.environ.setdefault("RAY_worker_niceness", "0")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
