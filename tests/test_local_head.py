@@ -1,5 +1,6 @@
 """The local Ray head ``up`` starts: a ``ray start`` that ends on Ray's own fixed wait for its
-raylet (a busy machine) is started once more; any other ending is reported with its log.
+raylet (a busy machine) is started again, a bounded number of times; any other ending is
+reported with its log.
 
 The first start is a process that prints Ray's own error and ends, as ``ray start`` does when
 its raylet misses the wait; the second is the real ``ray start --head``, in a home and temp
@@ -92,7 +93,7 @@ def head_env(home: Path) -> dict[str, str]:
     }
 
 
-def test_a_head_that_missed_rays_raylet_wait_is_started_once_more(
+def test_a_head_that_missed_rays_raylet_wait_is_started_again(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real_spawn = local_head._spawn
@@ -106,9 +107,28 @@ def test_a_head_that_missed_rays_raylet_wait_is_started_once_more(
 
     monkeypatch.setattr(local_head, "_spawn", spawn)
     head = local_head.start_or_join_head(config_for(home), head_env(home))
-    assert starts == ["failing", "real"]
+    # A busy machine can make a real start miss the wait too: it is started again as well.
+    assert starts[:2] == ["failing", "real"]
+    assert set(starts[1:]) == {"real"} and len(starts) <= local_head.MOST_STARTS
     assert head.address and head.alive()
     assert local_head.find_head() == head  # the record names the head that came up
+
+
+def test_a_head_that_keeps_missing_the_raylet_wait_is_given_up_after_the_last_start(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spawned: list[int] = []
+    failing = failing_spawn(RAY_ERROR)
+
+    def spawn(config: RunConfig, env: dict[str, str]) -> Any:
+        spawned.append(1)
+        return failing(config, env)
+
+    monkeypatch.setattr(local_head, "_spawn", spawn)
+    with pytest.raises(LocalHeadError, match=r"ended: Exception: The current node timed out"):
+        local_head.start_or_join_head(config_for(home), head_env(home))
+    assert len(spawned) == local_head.MOST_STARTS
+    assert local_head.find_head() is None
 
 
 def test_a_head_that_ended_for_another_reason_is_reported_with_its_log(

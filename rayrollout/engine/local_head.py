@@ -36,6 +36,7 @@ from rayrollout.engine.errors import LocalHeadError
 
 __all__ = [
     "HEAD_START_TIMEOUT_S",
+    "MOST_STARTS",
     "LocalHead",
     "LocalHeadError",
     "find_head",
@@ -51,6 +52,9 @@ log = logging.getLogger("rayrollout")
 HEAD_START_TIMEOUT_S = 180.0  # a loaded 2-core machine took 30 s; a bare one 4 s
 _STOP_GRACE_S = 10.0
 _RAYLET_WAIT_RAN_OUT = "timed out during startup"  # ray start's own error, after 30 s
+MOST_STARTS = 4
+"""Starts of ``ray start`` that may each end on Ray's fixed 30 s wait for its raylet. A machine
+loaded by other programs misses that wait now and then; each start gets the same chance."""
 
 
 class LocalHead(BaseModel):
@@ -124,12 +128,13 @@ def start_or_join_head(config: RunConfig, env: dict[str, str]) -> LocalHead:
         config: The run's config (``ray.num_cpus``, ``ray.head_port``, ``ray.temp_dir``).
         env: The head's environment (the caller strips secrets and adds Ray's settings).
 
-    A head whose ``ray start`` ran out of Ray's own wait for its raylet is started once
-    more.
+    A head whose ``ray start`` ran out of Ray's own wait for its raylet is started again,
+    up to ``MOST_STARTS`` starts in all.
 
     Raises:
         LocalHeadError: the head did not come up within ``HEAD_START_TIMEOUT_S`` or its
-            ``ray start`` ended; the message names its log.
+            ``ray start`` ended (on the raylet wait: ``MOST_STARTS`` times); the message
+            names its log.
     """
     with _locked():
         head, process = find_head(), None
@@ -140,21 +145,37 @@ def start_or_join_head(config: RunConfig, env: dict[str, str]) -> LocalHead:
                 "joining the local Ray an earlier `rayrollout up` started (pid %d)", head.pid
             )
         if head.address is None:
-            try:
-                head.address = _wait_for_address(head, process)
-            except LocalHeadError:
-                if process is None or not _raylet_wait_ran_out(head):
-                    raise
-                log.warning(
-                    "Ray's own 30 s wait for its raylet ran out (a busy machine); "
-                    "starting the local Ray head once more (log: %s)",
-                    head.log,
-                )
-                stop_head(head)
-                head, process = _spawn(config, env)
-                head.address = _wait_for_address(head, process)
+            head = _wait_for_head(head, process, config, env)
             _write_state(head)
     return head
+
+
+def _wait_for_head(
+    head: LocalHead,
+    process: subprocess.Popen[bytes] | None,
+    config: RunConfig,
+    env: dict[str, str],
+) -> LocalHead:
+    """``head`` once it is up, with its address. A ``ray start`` of this process that ended on
+    Ray's own wait for its raylet is started again, up to ``MOST_STARTS`` starts in all."""
+    starts = 1
+    while True:
+        try:
+            head.address = _wait_for_address(head, process)
+            return head
+        except LocalHeadError:
+            if process is None or starts == MOST_STARTS or not _raylet_wait_ran_out(head):
+                raise
+        starts += 1
+        log.warning(
+            "Ray's own 30 s wait for its raylet ran out (a busy machine); starting the local "
+            "Ray head again, start %d of at most %d (log: %s)",
+            starts,
+            MOST_STARTS,
+            head.log,
+        )
+        stop_head(head)
+        head, process = _spawn(config, env)
 
 
 def _raylet_wait_ran_out(head: LocalHead) -> bool:
