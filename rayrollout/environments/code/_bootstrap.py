@@ -11,8 +11,9 @@ from __future__ import annotations
 
 __all__ = ["BOOTSTRAP"]
 
-# Runs before the user's code (``python -c``): reads main.py, installs the audit hook, then
-# runs the script as ``__main__``, printing its traceback as a plain script run would.
+# Runs before the user's code (``python -c``): reads main.py, installs the audit hook, tells
+# the host the code starts (one byte on the pipe whose descriptor is its argument, if any),
+# then runs the script as ``__main__``, printing its traceback as a plain script run would.
 BOOTSTRAP = r"""
 import os, sys
 import subprocess, _posixsubprocess  # fork_exec is not audited: replace it (below)
@@ -66,6 +67,9 @@ def _sandbox_guard():
 with open("main.py", encoding="utf-8") as _file:
     _code = compile(_file.read(), os.path.abspath("main.py"), "exec")
 _sandbox_guard()
+if len(sys.argv) > 1:  # the host's start pipe: its time limit counts from here
+    os.write(int(sys.argv[1]), b"1")
+    os.close(int(sys.argv[1]))
 del _sandbox_guard, _file
 sys.argv = ["main.py"]
 try:

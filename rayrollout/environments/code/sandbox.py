@@ -20,7 +20,10 @@ What the sandbox promises, against code that knows it is sandboxed:
 * **network**: an empty network namespace (no 127.0.0.1, no DNS);
 * **environment**: ``--clearenv``: only PATH, LANG, HOME and TMPDIR (the work dir);
 * **limits**: wall-clock timeout, ``RLIMIT_AS`` memory and ``RLIMIT_CPU`` per process,
-  ``RLIMIT_FSIZE``, no core files, output capped per stream.
+  ``RLIMIT_FSIZE``, no core files, output capped per stream. The timeout counts from the
+  moment the code starts: building the sandbox and starting the interpreter are not the
+  code's time (a busy machine would otherwise fail correct code), and have a bound of
+  their own, ``START_LIMIT_S``.
 
 What it does not promise: protection from kernel bugs (the code reaches the whole system-call
 surface: there is no seccomp filter; it may create user namespaces of its own); a bound on
@@ -55,6 +58,7 @@ import asyncio
 import json
 import os
 import secrets
+import select
 import signal
 import subprocess
 import uuid
@@ -83,6 +87,10 @@ MiB = 1024 * 1024
 # Far above the uids systems hand out (logins < 60000, systemd's dynamic users < 65520,
 # subordinate uid ranges for containers usually from 100000 in blocks of 65536).
 UID_RANGE = range(1_500_000_000, 1_600_000_000)
+
+START_LIMIT_S = 60.0
+"""Bound on the sandbox's own start (namespaces, mounts, the interpreter), apart from the code's
+timeout: a sandbox not started by then is killed and reported as timed out."""
 
 
 @dataclass(frozen=True)
@@ -113,7 +121,8 @@ async def run_sandboxed(
 
     Args:
         code: Python source to run as ``main.py``.
-        timeout_s: Wall-clock limit; the whole sandbox is killed when it passes.
+        timeout_s: Wall-clock limit of the code, from when it starts (``START_LIMIT_S``
+            bounds the start); the whole sandbox is killed when it passes.
         memory_bytes: Address-space limit per process (``RLIMIT_AS``).
         output_bytes: How much of stdout and of stderr to keep; the rest is dropped, noted.
         max_tasks: Processes plus threads the run's uid may have at once (``RLIMIT_NPROC``).
@@ -137,9 +146,10 @@ async def run_sandboxed(
 
     script_fd = os.memfd_create("main.py", os.MFD_CLOEXEC)
     info_read, info_write = os.pipe()  # bwrap reports its init's pid here
+    start_read, start_write = os.pipe()  # the bootstrap writes a byte here as the code starts
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
-    ours = [info_read, out_read, err_read]  # closed when the call ends, whatever happens
+    ours = [info_read, start_read, out_read, err_read]  # closed when the call ends, whatever
     process: subprocess.Popen[bytes] | None = None
     try:
         os.write(script_fd, code.encode("utf-8"))
@@ -152,7 +162,7 @@ async def run_sandboxed(
             script_fd=script_fd,
             uid=uid,
             workdir_bytes=workdir_bytes,
-            argv=[str(executable), "-I", "-B", "-c", BOOTSTRAP],
+            argv=[str(executable), "-I", "-B", "-c", BOOTSTRAP, str(start_write)],
             info_fd=info_write,
         )
         # subprocess.Popen without a preexec_fn starts the child with vfork + exec, which
@@ -166,7 +176,7 @@ async def run_sandboxed(
             stdin=subprocess.DEVNULL,
             stdout=out_write,
             stderr=err_write,
-            pass_fds=(script_fd, info_write),
+            pass_fds=(script_fd, info_write, start_write),
             start_new_session=True,  # bwrap and its init in one group: one kill ends both
         )
         exited = os.pidfd_open(process.pid)  # readable once bwrap has exited
@@ -178,12 +188,14 @@ async def run_sandboxed(
             os.close(fd)
         raise
     finally:
-        for fd in (script_fd, info_write, out_write, err_write):
+        for fd in (script_fd, info_write, start_write, out_write, err_write):
             os.close(fd)
     ours.append(exited)
     init = None
     try:
-        init = await _sandbox_init(info_read, process.pid, timeout_s)
+        init = await _sandbox_init(info_read, process.pid, START_LIMIT_S)
+        if not await _started(start_read):
+            return RunResult(exit_code=None, stdout="", stderr="", timed_out=True)
         return await _wait(out_read, err_read, exited, process, timeout_s, output_bytes)
     finally:
         # The sandbox's init is pid 1 of its namespace: when it dies, the kernel kills every
@@ -200,6 +212,15 @@ async def run_sandboxed(
         process.wait()  # reaps bwrap, gone by now
         for fd in ours:
             os.close(fd)
+
+
+async def _started(start_fd: int) -> bool:
+    """Whether the sandbox got as far as the code (or ended before it: a script that does not
+    compile) within ``START_LIMIT_S``: the bootstrap's byte or the pipe's end, whichever is
+    first. Either way the code's own time limit starts now."""
+    await _until_readable(start_fd, START_LIMIT_S)
+    readable, _, _ = select.select([start_fd], [], [], 0)
+    return bool(readable)
 
 
 async def _wait(

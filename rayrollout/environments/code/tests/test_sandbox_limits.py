@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -16,7 +18,9 @@ from pathlib import Path
 import pytest
 from escape_kit import attack, control, processes_with, script
 
-from rayrollout.environments.code.sandbox import run_sandboxed
+from rayrollout.environments.code import sandbox
+from rayrollout.environments.code._bootstrap import BOOTSTRAP
+from rayrollout.environments.code.sandbox import RunResult, run_sandboxed
 
 pytestmark = pytest.mark.system_package("bubblewrap")  # every attack needs the sandbox
 
@@ -63,14 +67,16 @@ async def test_a_fork_bomb_is_bounded_and_the_call_returns():
     lines = result.stdout.splitlines()
     assert lines[0] == "blocked: BlockingIOError: [Errno 11] Resource temporarily unavailable"
     assert int(lines[1]) < 16  # RLIMIT_NPROC: max_tasks for the run's uid
-    assert time.monotonic() - started < 5  # the sleepers died with the sandbox
+    # The sleepers died with the sandbox: the call did not wait out their 60 s (a bound far
+    # from either side, so a busy machine's slow start does not decide it).
+    assert time.monotonic() - started < 30
 
 
 async def test_an_exponential_fork_bomb_is_killed_at_the_timeout():
     code = script("while True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n")
     started = time.monotonic()
     result = await attack(code, timeout_s=2)
-    assert result.timed_out and time.monotonic() - started < 6
+    assert result.timed_out and time.monotonic() - started < 30  # not the children's own end
 
 
 @pytest.mark.parametrize("ends", ["exits", "times-out"])
@@ -92,7 +98,12 @@ async def test_no_process_outlives_the_call(ends, tmp_path):
         if $wait:
             __import__("time").sleep(60)
         """
-    result = await attack(script(daemons, marker=marker, wait=ends == "times-out"), timeout_s=2)
+    # Exiting, the script has 30 s for its forks on a busy machine; waiting, 2 s before it is
+    # killed (its sleep is 60 s).
+    timeout_s = 2 if ends == "times-out" else 30
+    result = await attack(
+        script(daemons, marker=marker, wait=ends == "times-out"), timeout_s=timeout_s
+    )
     assert result.timed_out == (ends == "times-out")
     assert [Path(f"/proc/{p}/cmdline").read_bytes() for p in processes_with(marker)] == []
     control(script(daemons, marker=marker, wait=False), tmp_path)
@@ -137,14 +148,13 @@ async def test_code_running_past_the_time_limit_is_killed(code):
     started = time.monotonic()
     result = await attack(script(code), timeout_s=1.0)
     assert result.timed_out and result.exit_code is None
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30  # killed at its limit, not left to its 60 s sleep
 
 
 async def test_a_flood_of_output_is_capped():
     code = script("import sys\nfor _ in range(50):\n    sys.stdout.write('x' * 1024 * 1024)\n")
-    started = time.monotonic()
     result = await attack(code, timeout_s=20.0, output_bytes=8 * 1024)
-    assert result.exit_code == 0 and time.monotonic() - started < 15
+    assert result.exit_code == 0  # drained to its end: a writer blocked on a full pipe times out
     assert "[output truncated: 52428800 bytes, only the first 8192 are shown]" in result.stdout
 
 
@@ -169,3 +179,32 @@ async def test_writing_inside_the_work_dir_still_works():
     )
     result = await run_sandboxed(code)
     assert (result.exit_code, result.stdout.strip()) == (0, "hello 5")
+
+
+def test_the_code_starts_after_the_start_byte_with_the_start_pipe_closed(tmp_path):
+    """The host's time limit starts on the bootstrap's byte, written before the code runs;
+    the pipe is closed by then, so the code cannot send it itself."""
+    read, write = os.pipe()
+    (tmp_path / "main.py").write_text(
+        f"import os\ntry:\n    os.fstat({write})\nexcept OSError:\n    print('closed')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-B", "-c", BOOTSTRAP, str(write)],
+        cwd=tmp_path,
+        pass_fds=(write,),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    os.close(write)
+    assert os.read(read, 16) == b"1"
+    os.close(read)
+    assert (done.returncode, done.stdout) == (0, "closed\n"), done.stderr
+
+
+async def test_a_sandbox_that_does_not_start_in_time_is_killed_as_timed_out(monkeypatch):
+    monkeypatch.setattr(sandbox, "START_LIMIT_S", 0.0)
+    marker = f"sandbox-late-{uuid.uuid4().hex}"
+    result = await run_sandboxed(f"# {marker}\nprint('ran')\n", timeout_s=30)
+    assert result == RunResult(exit_code=None, stdout="", stderr="", timed_out=True)
+    assert processes_with(marker) == []
