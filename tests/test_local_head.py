@@ -10,6 +10,7 @@ folder of its own, ended by its process group at the end.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -30,6 +31,10 @@ from rayrollout.engine.errors import LocalHeadError
 RAY_ERROR = (
     "Exception: The current node timed out during startup. This could happen because some "
     "of the raylet failed to startup or the GCS has become overloaded."
+)
+GCS_ERROR = (
+    "ray.exceptions.RaySystemError: System error: Failed to connect to GCS. Please check if "
+    "the GCS server is running and if this node can connect to the head node."
 )
 
 
@@ -114,18 +119,19 @@ def test_a_head_that_missed_rays_raylet_wait_is_started_again(
     assert local_head.find_head() == head  # the record names the head that came up
 
 
-def test_a_head_that_keeps_missing_the_raylet_wait_is_given_up_after_the_last_start(
-    home: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("ray_error", [RAY_ERROR, GCS_ERROR], ids=["raylet", "gcs"])
+def test_a_head_that_keeps_missing_a_start_up_wait_is_given_up_after_the_last_start(
+    ray_error: str, home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spawned: list[int] = []
-    failing = failing_spawn(RAY_ERROR)
+    failing = failing_spawn(ray_error)
 
     def spawn(config: RunConfig, env: dict[str, str]) -> Any:
         spawned.append(1)
         return failing(config, env)
 
     monkeypatch.setattr(local_head, "_spawn", spawn)
-    with pytest.raises(LocalHeadError, match=r"ended: Exception: The current node timed out"):
+    with pytest.raises(LocalHeadError, match=rf"ended: {re.escape(ray_error)} \(log: "):
         local_head.start_or_join_head(config_for(home), head_env(home))
     assert len(spawned) == local_head.MOST_STARTS
     assert local_head.find_head() is None

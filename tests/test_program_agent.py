@@ -174,16 +174,17 @@ async def test_a_program_that_retries_for_ever_ends_at_max_turns(policy_url, tmp
             "args": {
                 "command": [sys.executable, "-c", RETRY_FOR_EVER],
                 "env": {"PID_FILE": str(pid_file)},
-                "timeout_s": 30,
+                # Far above what the program needs (importing openai, two calls), so a busy
+                # machine does not end it here: the program's timeout would raise a plain
+                # EpisodeEnd("timeout"), not OutOfTurns.
+                "timeout_s": 240,
             }
         }
     )
     agent = spec.create()
     async with weather_episode(policy_url, max_turns=1) as episode:
-        started = time.monotonic()
-        with pytest.raises(OutOfTurns):
+        with pytest.raises(OutOfTurns):  # ended by the gateway at the second call
             await agent.play(episode)
-        assert time.monotonic() - started < 20  # ended by the gateway, not the timeout
         assert len(episode.trajectory.turns) == 1
     assert gone(int(pid_file.read_text()))
 

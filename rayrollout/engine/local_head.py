@@ -51,10 +51,12 @@ log = logging.getLogger("rayrollout")
 
 HEAD_START_TIMEOUT_S = 180.0  # a loaded 2-core machine took 30 s; a bare one 4 s
 _STOP_GRACE_S = 10.0
-_RAYLET_WAIT_RAN_OUT = "timed out during startup"  # ray start's own error, after 30 s
+# What `ray start` prints when one of Ray's own fixed start-up waits ran out: for its raylet
+# (30 s), or for a GCS that was not answering yet.
+_START_WAITS_RAN_OUT = ("timed out during startup", "Failed to connect to GCS")
 MOST_STARTS = 4
-"""Starts of ``ray start`` that may each end on Ray's fixed 30 s wait for its raylet. A machine
-loaded by other programs misses that wait now and then; each start gets the same chance."""
+"""Starts of ``ray start`` that may each end on one of Ray's fixed start-up waits. A machine
+loaded by other programs misses them now and then; each start gets the same chance."""
 
 
 class LocalHead(BaseModel):
@@ -128,12 +130,12 @@ def start_or_join_head(config: RunConfig, env: dict[str, str]) -> LocalHead:
         config: The run's config (``ray.num_cpus``, ``ray.head_port``, ``ray.temp_dir``).
         env: The head's environment (the caller strips secrets and adds Ray's settings).
 
-    A head whose ``ray start`` ran out of Ray's own wait for its raylet is started again,
+    A head whose ``ray start`` ran out of Ray's own wait for its raylet or GCS is started again,
     up to ``MOST_STARTS`` starts in all.
 
     Raises:
         LocalHeadError: the head did not come up within ``HEAD_START_TIMEOUT_S`` or its
-            ``ray start`` ended (on the raylet wait: ``MOST_STARTS`` times); the message
+            ``ray start`` ended (on a start-up wait: ``MOST_STARTS`` times); the message
             names its log.
     """
     with _locked():
@@ -157,19 +159,19 @@ def _wait_for_head(
     env: dict[str, str],
 ) -> LocalHead:
     """``head`` once it is up, with its address. A ``ray start`` of this process that ended on
-    Ray's own wait for its raylet is started again, up to ``MOST_STARTS`` starts in all."""
+    Ray's own start-up waits is started again, up to ``MOST_STARTS`` starts in all."""
     starts = 1
     while True:
         try:
             head.address = _wait_for_address(head, process)
             return head
         except LocalHeadError:
-            if process is None or starts == MOST_STARTS or not _raylet_wait_ran_out(head):
+            if process is None or starts == MOST_STARTS or not _start_wait_ran_out(head):
                 raise
         starts += 1
         log.warning(
-            "Ray's own 30 s wait for its raylet ran out (a busy machine); starting the local "
-            "Ray head again, start %d of at most %d (log: %s)",
+            "Ray's own start-up wait for its raylet or GCS ran out (a busy machine); starting "
+            "the local Ray head again, start %d of at most %d (log: %s)",
             starts,
             MOST_STARTS,
             head.log,
@@ -178,13 +180,15 @@ def _wait_for_head(
         head, process = _spawn(config, env)
 
 
-def _raylet_wait_ran_out(head: LocalHead) -> bool:
-    """Whether the head's ``ray start`` ended on Ray's fixed start-up wait for its raylet,
-    which a loaded machine can miss; a second start then finds the machine's caches warm."""
+def _start_wait_ran_out(head: LocalHead) -> bool:
+    """Whether the head's ``ray start`` ended on one of Ray's fixed start-up waits (for its
+    raylet, for the GCS), which a loaded machine can miss; a later start finds the machine's
+    caches warm."""
     try:
-        return _RAYLET_WAIT_RAN_OUT in Path(head.log).read_text()
+        log_text = Path(head.log).read_text()
     except OSError:
         return False
+    return any(message in log_text for message in _START_WAITS_RAN_OUT)
 
 
 def _spawn(config: RunConfig, env: dict[str, str]) -> tuple[LocalHead, subprocess.Popen[bytes]]:
