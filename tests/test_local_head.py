@@ -98,6 +98,7 @@ def head_env(home: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.timeout(900)  # a busy machine may need every start (``MOST_STARTS``)
 def test_a_head_that_missed_rays_raylet_wait_is_started_again(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

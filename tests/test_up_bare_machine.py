@@ -98,6 +98,9 @@ def wait_for(check: Any, timeout_s: float, what: str) -> Any:
         time.sleep(0.5)
 
 
+# A head, an engine and a service of their own: on a busy machine the head may take several
+# starts (``local_head.MOST_STARTS``, each up to Ray's 30 s raylet wait and more).
+@pytest.mark.timeout(900)
 def test_up_on_a_bare_machine_stays_up_until_down_and_status_finds_it(home):
     service_port, serve_port = free_port(), free_port()
     (home / "run.yaml").write_text(
@@ -122,7 +125,7 @@ def test_up_on_a_bare_machine_stays_up_until_down_and_status_finds_it(home):
     started: dict[int, str] = {}
     head_pid = None
     try:
-        up = command(home, "up", "--config", "run.yaml")
+        up = command(home, "up", "--config", "run.yaml", timeout=720)
         assert up.returncode == 0, up.stderr[-3000:]
         answer = json.loads(up.stdout)
         url = answer["service"]["url"]
