@@ -310,7 +310,9 @@ async def test_a_user_namespace_of_its_own_cannot_remount_the_root_writable():
         print(attempt(lambda: open("/usr/escape", "w")))
         """
     )
-    lines = (await attack(code)).stdout.splitlines()
+    result = await attack(code)
+    lines = result.stdout.splitlines()
+    assert len(lines) == 3, result  # a failure shows the run: timed out, or what it printed
     assert lines[1] == "blocked: PermissionError: [Errno 1] Operation not permitted"  # locked
     assert lines[2].startswith("blocked: OSError: [Errno 30] Read-only file system")
     assert not Path("/usr/escape").exists()
