@@ -58,9 +58,9 @@ import asyncio
 import json
 import os
 import secrets
-import select
 import signal
 import subprocess
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,8 +193,9 @@ async def run_sandboxed(
     ours.append(exited)
     init = None
     try:
+        start_by = time.monotonic() + START_LIMIT_S  # one bound for the whole start
         init = await _sandbox_init(info_read, process.pid, START_LIMIT_S)
-        if not await _started(start_read):
+        if not await _until_readable(start_read, max(0.0, start_by - time.monotonic())):
             return RunResult(exit_code=None, stdout="", stderr="", timed_out=True)
         return await _wait(out_read, err_read, exited, process, timeout_s, output_bytes)
     finally:
@@ -212,15 +213,6 @@ async def run_sandboxed(
         process.wait()  # reaps bwrap, gone by now
         for fd in ours:
             os.close(fd)
-
-
-async def _started(start_fd: int) -> bool:
-    """Whether the sandbox got as far as the code (or ended before it: a script that does not
-    compile) within ``START_LIMIT_S``: the bootstrap's byte or the pipe's end, whichever is
-    first. Either way the code's own time limit starts now."""
-    await _until_readable(start_fd, START_LIMIT_S)
-    readable, _, _ = select.select([start_fd], [], [], 0)
-    return bool(readable)
 
 
 async def _wait(
@@ -284,9 +276,11 @@ async def _read_info(fd: int) -> dict:
                 raise
 
 
-async def _until_readable(fd: int, timeout_s: float | None = None) -> None:
+async def _until_readable(fd: int, timeout_s: float | None = None) -> bool:
     """Wait until ``fd`` polls readable (a pidfd: its process has exited; a pipe: data or
-    its end), at most ``timeout_s`` (None: no limit)."""
+    its end), at most ``timeout_s`` (None: no limit); returns whether it did. The start pipe
+    is readable once the bootstrap wrote its byte or the sandbox ended before the code (a
+    script that does not compile): either way the code's own limit starts then."""
     loop = asyncio.get_running_loop()
     ready = loop.create_future()
 
@@ -298,9 +292,10 @@ async def _until_readable(fd: int, timeout_s: float | None = None) -> None:
     try:
         await asyncio.wait_for(ready, timeout_s)
     except TimeoutError:
-        pass
+        return False
     finally:
         loop.remove_reader(fd)
+    return True
 
 
 def _kill_group(pid: int) -> None:
