@@ -560,8 +560,11 @@ def main() -> None:
                 engine["ratio_whole"] = round(
                     engine["whole_episodes_per_s"] / bare["whole_episodes_per_s"], 3
                 )
-                engine["cpu_ratio"] = round(
-                    engine["engine_side_cpu_ms_per_episode"] / bare["client_cpu_ms_per_episode"], 2
+                bare_cpu = bare["client_cpu_ms_per_episode"]
+                engine["cpu_ratio"] = (  # a smoke run's bare CPU can read 0 clock ticks
+                    round(engine["engine_side_cpu_ms_per_episode"] / bare_cpu, 2)
+                    if bare_cpu > 0
+                    else None
                 )
                 results[f"engine_{mode}"] = engine
     finally:
