@@ -32,6 +32,7 @@ RAY_ERROR = (
     "Exception: The current node timed out during startup. This could happen because some "
     "of the raylet failed to startup or the GCS has become overloaded."
 )
+DASHBOARD_ERROR = "ERROR services.py:1424 -- Failed to start the dashboard , return code None"
 GCS_ERROR = (
     "ray.exceptions.RaySystemError: System error: Failed to connect to GCS. Please check if "
     "the GCS server is running and if this node can connect to the head node."
@@ -50,16 +51,20 @@ def home(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def failing_spawn(log_text: str) -> Any:
+def failing_spawn(log_text: str, stays: bool = False) -> Any:
     """A ``_spawn`` whose head is a process that logs ``log_text`` and ends, as ``ray start``
-    does when it gives up."""
+    does when it gives up (``stays``: and then stays up, as it may after its dashboard wait)."""
 
     def spawn(config: RunConfig, env: dict[str, str]) -> Any:
         log_path = local_head.head_state_path().with_name("local-ray.log")
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "w") as output:
             process = subprocess.Popen(
-                [sys.executable, "-c", f"print({log_text!r})"],
+                [
+                    sys.executable,
+                    "-c",
+                    f"import time; print({log_text!r}, flush=True); time.sleep(600 * {stays})",
+                ],
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -135,6 +140,27 @@ def test_a_head_that_keeps_missing_a_start_up_wait_is_given_up_after_the_last_st
     with pytest.raises(LocalHeadError, match=rf"ended: {re.escape(ray_error)} \(log: "):
         local_head.start_or_join_head(config_for(home), head_env(home))
     assert len(spawned) == local_head.MOST_STARTS
+    assert local_head.find_head() is None
+
+
+def test_a_ray_start_still_up_after_its_dashboard_wait_is_started_again_and_none_is_left(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spawned: list[int] = []
+    failing = failing_spawn(DASHBOARD_ERROR, stays=True)
+
+    def spawn(config: RunConfig, env: dict[str, str]) -> Any:
+        head, process = failing(config, env)
+        spawned.append(head.pid)
+        return head, process
+
+    monkeypatch.setattr(local_head, "_spawn", spawn)
+    # Given up as soon as it logs the dashboard's failure, not at the start's time limit.
+    match = rf"gave up on its dashboard process: {re.escape(DASHBOARD_ERROR)} \(log: "
+    with pytest.raises(LocalHeadError, match=match):
+        local_head.start_or_join_head(config_for(home), head_env(home))
+    assert len(spawned) == local_head.MOST_STARTS
+    assert [local_head.group_members(pid) for pid in spawned] == [[]] * len(spawned)
     assert local_head.find_head() is None
 
 

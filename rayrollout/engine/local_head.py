@@ -49,11 +49,17 @@ __all__ = [
 
 log = logging.getLogger("rayrollout")
 
-HEAD_START_TIMEOUT_S = 180.0  # a loaded 2-core machine took 30 s; a bare one 4 s
+HEAD_START_TIMEOUT_S = 300.0  # a bare machine takes 4 s; above the dashboard's own wait
 _STOP_GRACE_S = 10.0
 # What `ray start` prints when one of Ray's own fixed start-up waits ran out: for its raylet
-# (30 s), or for a GCS that was not answering yet.
-_START_WAITS_RAN_OUT = ("timed out during startup", "Failed to connect to GCS")
+# (30 s), for a GCS that was not answering yet, or for its dashboard process (started even
+# without the web UI; its wait is RAY_DASHBOARD_STARTUP_TIMEOUT_S, see engine.startup).
+_DASHBOARD_WAIT_RAN_OUT = "Failed to start the dashboard"
+_START_WAITS_RAN_OUT = (
+    "timed out during startup",
+    "Failed to connect to GCS",
+    _DASHBOARD_WAIT_RAN_OUT,
+)
 MOST_STARTS = 4
 """Starts of ``ray start`` that may each end on one of Ray's fixed start-up waits. A machine
 loaded by other programs misses them now and then; each start gets the same chance."""
@@ -167,6 +173,8 @@ def _wait_for_head(
             return head
         except LocalHeadError:
             if process is None or starts == MOST_STARTS or not _start_wait_ran_out(head):
+                if process is not None:  # a `ray start` still up with no head: not left behind
+                    stop_head(head)
                 raise
         starts += 1
         log.warning(
@@ -246,9 +254,17 @@ def _wait_for_address(head: LocalHead, process: subprocess.Popen[bytes] | None) 
         except OSError:
             pass
         ended = not running()
-        if ended or time.time() > deadline:
+        # `ray start` may stay up after its dashboard wait ran out, with no head behind it.
+        no_dashboard = not ended and _dashboard_wait_ran_out(head)
+        if ended or no_dashboard or time.time() > deadline:
             tail = _log_tail(head.log)
-            why = "ended" if ended else f"was not up after {HEAD_START_TIMEOUT_S:g}s"
+            why = (
+                "ended"
+                if ended
+                else "gave up on its dashboard process"
+                if no_dashboard
+                else f"was not up after {HEAD_START_TIMEOUT_S:g}s"
+            )
             if ended:
                 head_state_path().unlink(missing_ok=True)
             raise LocalHeadError(
@@ -256,6 +272,13 @@ def _wait_for_address(head: LocalHead, process: subprocess.Popen[bytes] | None) 
                 f"(log: {head.log})"
             )
         time.sleep(0.25)
+
+
+def _dashboard_wait_ran_out(head: LocalHead) -> bool:
+    try:
+        return _DASHBOARD_WAIT_RAN_OUT in Path(head.log).read_text()
+    except OSError:
+        return False
 
 
 def _log_tail(path: str) -> str:

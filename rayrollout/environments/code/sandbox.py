@@ -19,11 +19,13 @@ What the sandbox promises, against code that knows it is sandboxed:
   the script exits or the run is killed for time;
 * **network**: an empty network namespace (no 127.0.0.1, no DNS);
 * **environment**: ``--clearenv``: only PATH, LANG, HOME and TMPDIR (the work dir);
-* **limits**: wall-clock timeout, ``RLIMIT_AS`` memory and ``RLIMIT_CPU`` per process,
-  ``RLIMIT_FSIZE``, no core files, output capped per stream. The timeout counts from the
-  moment the code starts: building the sandbox and starting the interpreter are not the
-  code's time (a busy machine would otherwise fail correct code), and have a bound of
-  their own, ``START_LIMIT_S``.
+* **limits**: a timeout on the code's own time, ``RLIMIT_AS`` memory and ``RLIMIT_CPU`` per
+  process, ``RLIMIT_FSIZE``, no core files, output capped per stream. The code's time runs
+  from the moment it starts, and leaves out what a busy machine takes from it: building the
+  sandbox and starting the interpreter (bounded apart, ``START_LIMIT_S``), and the time it
+  was ready to run but waited for a CPU (``_clock.py``; bounded apart, ``CPU_WAIT_LIMIT_S``).
+  A busy machine would otherwise fail correct code; a sleeping or blocked program is still
+  ended on time, and a program that keeps every CPU busy itself is ended by its CPU time.
 
 What it does not promise: protection from kernel bugs (the code reaches the whole system-call
 surface: there is no seccomp filter; it may create user namespaces of its own); a bound on
@@ -73,6 +75,7 @@ from ._bwrap import (
     interpreter,
     limits_command,
 )
+from ._clock import CodeClock
 
 __all__ = [
     "UID_RANGE",
@@ -91,6 +94,10 @@ UID_RANGE = range(1_500_000_000, 1_600_000_000)
 START_LIMIT_S = 60.0
 """Bound on the sandbox's own start (namespaces, mounts, the interpreter), apart from the code's
 timeout: a sandbox not started by then is killed and reported as timed out."""
+
+CPU_WAIT_LIMIT_S = 60.0
+"""Bound on the time the code may wait for a CPU other programs hold, on top of its own
+``timeout_s``: past ``timeout_s + CPU_WAIT_LIMIT_S`` of wall time it is killed as timed out."""
 
 
 @dataclass(frozen=True)
@@ -121,8 +128,9 @@ async def run_sandboxed(
 
     Args:
         code: Python source to run as ``main.py``.
-        timeout_s: Wall-clock limit of the code, from when it starts (``START_LIMIT_S``
-            bounds the start); the whole sandbox is killed when it passes.
+        timeout_s: Limit on the code's own time: wall time from when it starts, less the
+            time it waited for a CPU (``START_LIMIT_S`` bounds the start,
+            ``CPU_WAIT_LIMIT_S`` the waiting); the whole sandbox is killed when it passes.
         memory_bytes: Address-space limit per process (``RLIMIT_AS``).
         output_bytes: How much of stdout and of stderr to keep; the rest is dropped, noted.
         max_tasks: Processes plus threads the run's uid may have at once (``RLIMIT_NPROC``).
@@ -194,10 +202,18 @@ async def run_sandboxed(
     init = None
     try:
         start_by = time.monotonic() + START_LIMIT_S  # one bound for the whole start
-        init = await _sandbox_init(info_read, process.pid, START_LIMIT_S)
+        init, init_pid = await _sandbox_init(info_read, process.pid, START_LIMIT_S)
         if not await _until_readable(start_read, max(0.0, start_by - time.monotonic())):
             return RunResult(exit_code=None, stdout="", stderr="", timed_out=True)
-        return await _wait(out_read, err_read, exited, process, timeout_s, output_bytes)
+        collect = asyncio.gather(
+            _read_capped(out_read, output_bytes),
+            _read_capped(err_read, output_bytes),
+            _until_readable(exited),
+        )
+        if not await _within_code_time(collect, init_pid, timeout_s):
+            return RunResult(exit_code=None, stdout="", stderr="", timed_out=True)
+        stdout, stderr, _ = collect.result()
+        return RunResult(exit_code=process.wait(), stdout=stdout, stderr=stderr)
     finally:
         # The sandbox's init is pid 1 of its namespace: when it dies, the kernel kills every
         # process in it, and its pidfd turns readable only once they are all gone. bwrap's
@@ -215,37 +231,34 @@ async def run_sandboxed(
             os.close(fd)
 
 
-async def _wait(
-    out_fd: int,
-    err_fd: int,
-    exited: int,
-    process: subprocess.Popen[bytes],
-    timeout_s: float,
-    limit: int,
-) -> RunResult:
-    """Collect the run's output and exit code, or report it timed out."""
-    try:
-        stdout, stderr, _ = await asyncio.wait_for(
-            asyncio.gather(
-                _read_capped(out_fd, limit), _read_capped(err_fd, limit), _until_readable(exited)
-            ),
-            timeout_s,
-        )
-    except TimeoutError:
-        return RunResult(exit_code=None, stdout="", stderr="", timed_out=True)
-    return RunResult(exit_code=process.wait(), stdout=stdout, stderr=stderr)
+async def _within_code_time(
+    collect: asyncio.Future[tuple[str, str, bool]], init_pid: int | None, timeout_s: float
+) -> bool:
+    """Wait for ``collect`` (the run's output and exit) while the code's own time
+    (``CodeClock``) stays within ``timeout_s``; returns whether it finished. ``collect`` is
+    cancelled when the run is out of time."""
+    clock = CodeClock(init_pid, CPU_WAIT_LIMIT_S)
+    while (left := timeout_s - clock.elapsed()) > 0:
+        done, _ = await asyncio.wait({collect}, timeout=left)
+        if done:
+            return True
+    collect.cancel()
+    await asyncio.gather(collect, return_exceptions=True)
+    return False
 
 
-async def _sandbox_init(info_fd: int, bwrap_pid: int, timeout_s: float) -> int | None:
-    """A pidfd of the sandbox's init, whose host pid bwrap writes to ``--info-fd``; None if
-    bwrap failed before starting it. A pidfd pins the pid, and the process is checked to be
+async def _sandbox_init(
+    info_fd: int, bwrap_pid: int, timeout_s: float
+) -> tuple[int, int] | tuple[None, None]:
+    """A pidfd of the sandbox's init and its host pid, which bwrap writes to ``--info-fd``;
+    Nones if bwrap failed before starting it. A pidfd pins the pid, and the process is checked to be
     bwrap's child or a namespace's init, so a reused pid number is not signalled."""
     try:
         info = await asyncio.wait_for(_read_info(info_fd), timeout_s)
         pid = int(info["child-pid"])
         pidfd = os.pidfd_open(pid)
     except (OSError, ValueError, KeyError, TypeError, TimeoutError):  # bwrap failed, or gone
-        return None
+        return None, None
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
@@ -253,8 +266,8 @@ async def _sandbox_init(info_fd: int, bwrap_pid: int, timeout_s: float) -> int |
     # bwrap's child while bwrap lives; after that, still pid 1 of a namespace of its own
     if f"\nPPid:\t{bwrap_pid}\n" not in status and f"\nNSpid:\t{pid}\t1\n" not in status:
         os.close(pidfd)
-        return None
-    return pidfd
+        return None, None
+    return pidfd, pid
 
 
 async def _read_info(fd: int) -> dict:

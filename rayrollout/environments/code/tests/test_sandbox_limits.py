@@ -208,3 +208,45 @@ async def test_a_sandbox_that_does_not_start_in_time_is_killed_as_timed_out(monk
     result = await run_sandboxed(f"# {marker}\nprint('ran')\n", timeout_s=30)
     assert result == RunResult(exit_code=None, stdout="", stderr="", timed_out=True)
     assert processes_with(marker) == []
+
+
+SPIN_CPU_S = 1.0
+SPINNER = f"import time\nwhile time.process_time() < {SPIN_CPU_S}:\n    pass\nprint('done')\n"
+
+
+@pytest.fixture
+def one_crowded_cpu():
+    """This thread (and so every process it starts, the sandbox included) on one CPU, with
+    three busy loops beside it there: a program gets at most a quarter of it. Each loop has a
+    session of its own, as the sandbox does: the kernel's autogroups share a CPU between
+    sessions first."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})
+    loops = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+        for _ in range(3)
+    ]
+    try:
+        yield
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+        os.sched_setaffinity(0, before)
+
+
+@pytest.mark.usefixtures("one_crowded_cpu")
+async def test_time_spent_waiting_for_a_cpu_is_not_the_codes_own_time():
+    timeout_s = 2.5
+    started = time.monotonic()
+    result = await run_sandboxed(SPINNER, timeout_s=timeout_s)
+    assert (result.exit_code, result.stdout, result.timed_out) == (0, "done\n", False)
+    # A quarter of a CPU at most: a second of CPU took more wall time than the limit.
+    assert time.monotonic() - started > timeout_s
+
+
+@pytest.mark.usefixtures("one_crowded_cpu")
+async def test_waiting_for_a_cpu_has_a_bound_of_its_own(monkeypatch):
+    monkeypatch.setattr(sandbox, "CPU_WAIT_LIMIT_S", 0.0)
+    result = await run_sandboxed(SPINNER, timeout_s=2.5)
+    assert result.timed_out and result.exit_code is None
