@@ -65,7 +65,7 @@ def ensure_ray(config: RunConfig, *, lasting: bool = False) -> None:
     if address:  # a cluster started by someone else: its workers' environment is theirs
         ray.init(address=address, **kwargs)
         return
-    for name, value in _RAY_PATIENCE.items():  # the local Ray's processes inherit them
+    for name, value in _SERVE_PATIENCE.items():  # the local Ray's processes inherit them
         os.environ.setdefault(name, value)
     with without_secrets(extra=[config.policy.api_key_env]):
         if lasting:
@@ -105,7 +105,7 @@ def ensure_serve(config: RunConfig) -> None:
     """Start Serve (or reuse the running one) with HTTP on the configured address.
 
     A proxy the controller gave up on while it started (a loaded machine, see
-    ``_RAY_PATIENCE``) is started again, twice at most; then one line says what failed.
+    ``_SERVE_PATIENCE``) is started again, twice at most; then one line says what failed.
     """
     from ray import serve
 
@@ -167,14 +167,12 @@ def check_serve_port(config: RunConfig) -> None:
             ) from None
 
 
-# Ray's own waits that a loaded machine (2 cores, two busy loops and a run) missed; kept
-# unless set by the user. Serve's controller kills an HTTP proxy not ready within 5 s of
-# starting (health checks allow 10 s), and `serve.start` failed with ActorDiedError. Ray's
-# start gives its dashboard process (started even without the web UI) 60 s to register.
-_RAY_PATIENCE = {
+# Serve's controller kills an HTTP proxy not ready within 5 s of starting (health checks
+# allow 10 s): on a loaded machine (2 cores, two busy loops and a run) a new proxy process
+# took longer, and `serve.start` failed with ActorDiedError. Waits kept unless set by the user.
+_SERVE_PATIENCE = {
     "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
     "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60",
-    "RAY_DASHBOARD_STARTUP_TIMEOUT_S": "150",
 }
 
 
