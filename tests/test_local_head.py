@@ -53,21 +53,18 @@ def home(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 def failing_spawn(log_text: str, stays: bool = False) -> Any:
     """A ``_spawn`` whose head is a process that logs ``log_text`` and ends, as ``ray start``
-    does when it gives up (``stays``: and then stays up, as it may after its dashboard wait)."""
+    does when it gives up (``stays``: a process that stays up, as ``ray start`` may after
+    its dashboard wait, with ``log_text`` in its log before it starts: a busy machine's
+    slow interpreter start must not decide what the log shows at the deadline)."""
 
     def spawn(config: RunConfig, env: dict[str, str]) -> Any:
         log_path = local_head.head_state_path().with_name("local-ray.log")
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "w") as output:
+        log_path.write_text(log_text + "\n" if stays else "")
+        command = ["sleep", "600"] if stays else [sys.executable, "-c", f"print({log_text!r})"]
+        with open(log_path, "a") as output:
             process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-c",
-                    f"import time; print({log_text!r}, flush=True); time.sleep(600 * {stays})",
-                ],
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
+                command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
             )
         head = local_head.LocalHead(
             pid=process.pid,
