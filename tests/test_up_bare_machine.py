@@ -43,14 +43,23 @@ def home() -> Iterator[Path]:
 def command(home: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env |= {"HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0"}
-    return subprocess.run(
-        [str(RAYROLLOUT), *args],
-        env=env,
-        cwd=home,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    try:
+        return subprocess.run(
+            [str(RAYROLLOUT), *args],
+            env=env,
+            cwd=home,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as exc:  # what it printed, and the local head's log
+        head_log = home / ".rayrollout" / "local-ray.log"
+        log = head_log.read_text()[-3000:] if head_log.exists() else "(no head log)"
+        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else ""
+        pytest.fail(
+            f"`rayrollout {' '.join(args)}` still ran after {timeout:g} s\n"
+            f"its stderr:\n{stderr[-3000:]}\nthe head's log:\n{log}"
+        )
 
 
 def descendants(root: int) -> dict[int, str]:

@@ -243,7 +243,9 @@ async def test_ptrace_and_proc_mem_cannot_reach_other_processes(victim, tmp_path
         print(attempt(lambda: open("/proc/$victim/mem", "rb")))
         """
     code = script(trace + "print(attempt(lambda: seize(os.getppid())))\n", victim=victim.pid)
-    lines = (await attack(code)).stdout.splitlines()
+    result = await attack(code)
+    lines = result.stdout.splitlines()
+    assert len(lines) == 3, result
     assert lines[0] == "blocked: ProcessLookupError: [Errno 3] No such process"  # not in its ns
     assert lines[1].startswith("blocked: FileNotFoundError")
     assert lines[2] == "blocked: PermissionError: [Errno 1] Operation not permitted"  # its init
