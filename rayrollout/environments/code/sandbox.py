@@ -238,10 +238,12 @@ async def _within_code_time(
     (``CodeClock``) stays within ``timeout_s``; returns whether it finished. ``collect`` is
     cancelled when the run is out of time."""
     clock = CodeClock(init_pid, CPU_WAIT_LIMIT_S)
-    while (left := timeout_s - clock.elapsed()) > 0:
+    left = timeout_s  # the clock reads /proc only when a wait runs out, not per run
+    while left > 0:
         done, _ = await asyncio.wait({collect}, timeout=left)
         if done:
             return True
+        left = timeout_s - clock.elapsed()
     collect.cancel()
     await asyncio.gather(collect, return_exceptions=True)
     return False
