@@ -55,7 +55,8 @@ def command(home: Path, *args: str, timeout: float = 240) -> subprocess.Complete
     except subprocess.TimeoutExpired as exc:  # what it printed, and the local head's log
         head_log = home / ".rayrollout" / "local-ray.log"
         log = head_log.read_text()[-3000:] if head_log.exists() else "(no head log)"
-        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else ""
+        stderr = exc.stderr or b""  # bytes, even with text=True
+        stderr = stderr.decode(errors="replace") if isinstance(stderr, bytes) else stderr
         pytest.fail(
             f"`rayrollout {' '.join(args)}` still ran after {timeout:g} s\n"
             f"its stderr:\n{stderr[-3000:]}\nthe head's log:\n{log}"
@@ -198,6 +199,9 @@ def test_up_on_a_bare_machine_stays_up_until_down_and_status_finds_it(home):
         with pytest.raises(EngineGoneError, match="ConnectionRefused.*nothing listens at"):
             gone.info()
     finally:
+        if head_pid is None and state_file.exists():  # `up` failed or ran out of time
+            head_pid = json.loads(state_file.read_text())["pid"]
+            started |= descendants(head_pid)
         for pid in [*started, *([head_pid] if head_pid else [])]:
             if alive(pid):
                 try:
