@@ -48,15 +48,17 @@ def run_demo(
     episodes: int,
     serve_port: int | None = None,
     exit_code: int = 0,
+    settings: dict[str, Any] | None = None,
     **env: str,
 ) -> tuple[Path, str]:
     """``rayrollout demo`` as a user runs it: its own process and its own Ray (namespace
-    ``namespace``, Serve on ``serve_port`` or a free port), 80 columns, ``env`` added to the
-    environment. Returns the output folder, ``base/demo``, and the console; an exit other
-    than ``exit_code`` fails the test."""
+    ``namespace``, Serve on ``serve_port`` or a free port, more config from ``settings``),
+    80 columns, ``env`` added to the environment. Returns the output folder, ``base/demo``,
+    and the console; an exit other than ``exit_code`` fails the test."""
     config = base / "demo.yaml"
     port = serve_port if serve_port is not None else free_port()
-    config.write_text(yaml.safe_dump({"ray": {"serve_port": port}, "namespace": namespace}))
+    given = {"ray": {"serve_port": port}, "namespace": namespace, **(settings or {})}
+    config.write_text(yaml.safe_dump(given))
     out = base / "demo"
     environ = {**os.environ, "COLUMNS": "80", **env}
     environ.pop("RAY_ADDRESS", None)
