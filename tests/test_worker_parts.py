@@ -10,12 +10,13 @@ import threading
 import time
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from rayrollout.data.run_folder import SCHEMA, RunFolder, WriterError
 from rayrollout.data.schema import Trajectory
 from rayrollout.data.writer import make_sink
-from rayrollout.engine.worker_parts import ChunkCommits, PartsTarget, WorkerParts
+from rayrollout.engine.worker_parts import CONVERT_ROWS, ChunkCommits, PartsTarget, WorkerParts
 
 
 def row(task_id: str, sample_index: int = 0) -> dict:
@@ -156,3 +157,39 @@ async def test_a_part_that_cannot_be_written_ends_its_calls_and_keeps_none_of_th
         assert await parts.flush() == 0 and folder.parts() == []
     finally:
         folder.release_lock()
+
+
+async def test_rows_added_one_at_a_time_reach_their_part_whole_and_in_order(tmp_path, engine_lock):
+    """Rows wait as dicts and go to Arrow in batches (``CONVERT_ROWS``); an abandoned call's
+    rows leave both the converted batches and the rows still waiting."""
+    count = CONVERT_ROWS + 10  # one batch converted, ten rows still waiting
+    parts = WorkerParts(target(tmp_path, os.getpid(), rows_per_part=10 * count), "w0")
+    gone, kept = ChunkCommits(), ChunkCommits()
+    for i in range(count):
+        owner = gone if i % 3 == 0 else kept
+        parts.add(owner, [i], [row(f"t{i}")])
+    assert len(parts.buffer) == 1 and len(parts.pending) == count - CONVERT_ROWS
+    parts.abandon(gone)
+    assert parts.buffered == len(parts.owners) == sum(1 for i in range(count) if i % 3)
+    await parts.flush()
+    [part] = RunFolder(tmp_path).parts()
+    written = pq.read_table(part).to_pylist()
+    assert [r["task_id"] for r in written] == [f"t{i}" for i in range(count) if i % 3]
+    assert written[0] == {**row("t1"), "created_at": written[0]["created_at"]}
+    assert kept.take()[0] == [i for i in range(count) if i % 3] and gone.take()[0] == []
+
+
+async def test_a_row_the_schema_refuses_ends_its_own_call_and_the_others_are_written(
+    tmp_path, engine_lock
+):
+    """Rows converted together: one the schema refuses fails its call alone."""
+    parts = WorkerParts(target(tmp_path, os.getpid(), rows_per_part=10), "w0")
+    good, bad = ChunkCommits(), ChunkCommits()
+    parts.add(good, [0], [row("fine")])
+    parts.add(bad, [0, 1], [row("ok but its call fails"), {**row("odd"), "reward": "high"}])
+    parts.add(good, [1], [row("fine too")])
+    await parts.flush()
+    assert isinstance(bad.error, pa.ArrowException) and bad.waiting == 0
+    assert bad.take()[0] == []
+    assert good.error is None and good.take()[0] == [0, 1]
+    assert sorted(RunFolder(tmp_path).written_keys()) == [("fine", 0), ("fine too", 0)]
