@@ -2,7 +2,8 @@
 
 A result file is ``results/<name>.json`` (a ``--smoke`` run's: ``<name>.smoke.json``), one
 record per run, so that the docs pool a figure over its runs and never show a smoke run as
-a measurement (``table.py``).
+a measurement (``table.py``). One run never replaces a series of several
+(``<name>.single.json`` keeps it instead).
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ def _write_whole(path: Path, data: dict[str, Any]) -> None:
 
 def save_result(result: dict[str, Any], name: str | None = None) -> Path:
     """Keep ``result`` as the benchmark's latest result, a series of one run; returns the path.
+    Where the result file keeps a series of several runs (``--runs N``), the run goes beside
+    it (``single_path``): a profiling run with other options must not replace pooled figures.
 
     A result file is ``{"command", "smoke", "runs": [record, ...]}``: the command that
     produced it and one record per run (``--runs N`` keeps N), each the benchmark's JSON with
@@ -78,8 +81,30 @@ def save_result(result: dict[str, Any], name: str | None = None) -> Path:
         **result,
     }
     path = result_path(name, smoke)
+    pooled = 0 if smoke else _runs_kept(path)
+    if pooled > 1:  # the docs pool that series: one run beside it, never in its place
+        path = single_path(name)
+        print(
+            f"{result_path(name, smoke)} keeps a series of {pooled} runs, which one run does "
+            f"not replace (a series does: --runs N); this run is in {path}",
+            file=sys.stderr,
+        )
     _write_whole(path, {"command": command, "smoke": smoke, "runs": [record]})
     return path
+
+
+def single_path(name: str) -> Path:
+    """Where one full run goes when ``<name>.json`` keeps a series of several: beside it,
+    out of the docs' table and of git (``.gitignore``)."""
+    return results_dir() / f"{name}.single.json"
+
+
+def _runs_kept(path: Path) -> int:
+    """How many runs the result file at ``path`` keeps (0: none, or not a series)."""
+    try:
+        return len(read_series(path)["runs"])
+    except (OSError, ValueError):
+        return 0
 
 
 class ResultFileError(ValueError):

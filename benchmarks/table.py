@@ -189,7 +189,7 @@ def targets_table(results: Path, targets: tuple[Target, ...] = TARGETS) -> list[
     named = {t.benchmark for t in targets} | {t.noise_floor for t in targets if t.noise_floor}
     for path in sorted(results.glob("*.json")):
         name = path.name.removesuffix(".json")
-        if name.endswith(".smoke") or name in named:
+        if name.endswith((".smoke", ".single")) or name in named:
             continue
         command, runs = full_runs(results, name) or ("", [])
         lines.append(

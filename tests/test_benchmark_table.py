@@ -214,9 +214,9 @@ def test_the_scaling_table_shows_each_node_count_pooled_over_the_runs(tmp_path):
     assert "3 runs" in lines[0]
 
 
-def run_three_times(tmp_path: Path, main: str) -> subprocess.CompletedProcess[str]:
+def run_three_times(tmp_path: Path, main: str, *arguments: str) -> subprocess.CompletedProcess[str]:
     """``benchmarks/tiny.py`` (``main`` its ``main``'s body, with ``emit`` imported) run with
-    ``--runs 3``, its results kept in ``tmp_path/results``."""
+    ``arguments`` (default ``--runs 3``), its results kept in ``tmp_path/results``."""
     script = tmp_path / "tiny.py"
     script.write_text(
         "import sys\n"
@@ -228,9 +228,8 @@ def run_three_times(tmp_path: Path, main: str) -> subprocess.CompletedProcess[st
         "run_benchmark(main)\n"
     )
     env = {**os.environ, result_files.RESULTS_ENV: str(tmp_path / "results")}
-    return subprocess.run(
-        [sys.executable, str(script), "--runs", "3"], env=env, capture_output=True, text=True
-    )
+    command = [sys.executable, str(script), *(arguments or ("--runs", "3"))]
+    return subprocess.run(command, env=env, capture_output=True, text=True)
 
 
 def test_runs_keeps_n_runs_of_one_command_as_one_series(tmp_path):
@@ -249,3 +248,17 @@ def test_a_failed_run_of_a_series_keeps_no_run_and_says_so(tmp_path):
     assert done.returncode != 0
     assert "run 1 of 3 failed (exit 3); no run of this series is kept" in done.stderr
     assert not results.exists() or not list(results.glob("*.json"))
+
+
+def test_one_run_never_replaces_a_series_of_several_and_says_where_it_went(tmp_path):
+    results = tmp_path / "results"
+    assert run_three_times(tmp_path, "emit({'benchmark': 'tiny', 'ratio': 1.0})").returncode == 0
+    one = run_three_times(tmp_path, "emit({'benchmark': 'tiny', 'ratio': 0.5})", "--fast")
+    assert one.returncode == 0, one.stderr
+    kept = result_files.read_series(results / "tiny.json")
+    assert [r["ratio"] for r in kept["runs"]] == [1.0] * 3  # the series stands
+    beside = result_files.read_series(results / "tiny.single.json")
+    assert beside["command"] == "python benchmarks/tiny.py --fast"
+    assert [r["ratio"] for r in beside["runs"]] == [0.5]
+    assert "keeps a series of 3 runs" in one.stderr and "tiny.single.json" in one.stderr
+    assert not any("tiny.single" in line for line in table.targets_table(results))
