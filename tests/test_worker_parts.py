@@ -193,3 +193,20 @@ async def test_a_row_the_schema_refuses_ends_its_own_call_and_the_others_are_wri
     assert bad.take()[0] == []
     assert good.error is None and good.take()[0] == [0, 1]
     assert sorted(RunFolder(tmp_path).written_keys()) == [("fine", 0), ("fine too", 0)]
+
+
+async def test_a_refused_row_in_a_batch_converted_as_it_arrives_ends_its_own_call_only(
+    tmp_path, engine_lock
+):
+    """The row that fills a batch (``CONVERT_ROWS``) is converted with it at once, in
+    ``add``: refused there, it ends its call and the batch's other rows are written."""
+    parts = WorkerParts(target(tmp_path, os.getpid(), rows_per_part=10 * CONVERT_ROWS), "w0")
+    good, bad = ChunkCommits(), ChunkCommits()
+    for i in range(CONVERT_ROWS - 1):
+        parts.add(good, [i], [row(f"g{i}")])
+    parts.add(bad, [0], [{**row("odd"), "reward": "high"}])
+    assert isinstance(bad.error, pa.ArrowException) and bad.waiting == 0
+    assert parts.pending == [] and parts.buffered == len(parts.owners) == CONVERT_ROWS - 1
+    await parts.flush()
+    assert good.error is None and good.take()[0] == list(range(CONVERT_ROWS - 1))
+    assert len(RunFolder(tmp_path).written_keys()) == CONVERT_ROWS - 1

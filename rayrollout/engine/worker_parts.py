@@ -120,10 +120,10 @@ class WorkerParts:
             return
         self.pending += rows
         self.buffered += len(rows)
-        if len(self.pending) >= CONVERT_ROWS:
-            self._convert()
         self.owners += [(owner, index) for index in indices]
         owner.waiting += len(rows)
+        if len(self.pending) >= CONVERT_ROWS:
+            self._convert()
         if self.buffered >= self.target.rows_per_part:
             self._spawn(self._write_due())
         elif self.timer is None:
