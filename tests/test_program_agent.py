@@ -36,6 +36,7 @@ HANG = textwrap.dedent(
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
     with open(os.environ["PID_FILE"], "w") as file:
         file.write(f"{os.getpid()} {child.pid}")
+    print("waiting for nothing", file=sys.stderr, flush=True)
     time.sleep(3600)
     """
 )
@@ -150,7 +151,11 @@ def test_faulty_programs_end_only_their_episode_and_leave_no_process(tmp_path, s
     assert "agent 'program': command python -c" in crashed.error
     assert "exited 3: it broke here" in crashed.error
     assert rows["hang"].status == "timeout"
-    assert "did not exit within 20s (killed)" in rows["hang"].error
+    # Where its time went: no model call, and what it last said.
+    assert (
+        "did not exit within 20s (killed; 0 model calls took 0s of it; stderr: waiting for "
+        "nothing)" in rows["hang"].error
+    )
     assert rows["stall"].status == "timeout"
     assert "agent 'stall' did not finish within 45" in rows["stall"].error
     for name, path in pid_files.items():

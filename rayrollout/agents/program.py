@@ -135,7 +135,7 @@ class ProgramAgent(Agent):
                 raise EpisodeEnd(
                     "timeout",
                     f"agent '{self.name}': command {self.shown} did not exit within "
-                    f"{self.timeout_s}s (killed)",
+                    f"{self.timeout_s}s (killed; {_spent(episode, err_path)})",
                 )
             _kill_group(process.pid)  # children it left behind
             code = exited.result()
@@ -181,6 +181,16 @@ def _task_json(episode: AgentEpisode) -> dict[str, Any]:
         "fields": task.fields,
         "sampling": task.sampling.model_dump(exclude_none=True) if task.sampling else {},
     }
+
+
+def _spent(episode: AgentEpisode, err_path: Path) -> str:
+    """Where a killed program's time went: its model calls' share (a slow policy, not a
+    stuck program, is the usual reason) and the end of its stderr."""
+    metrics = episode.trajectory.metrics
+    calls = len(episode.trajectory.turns)
+    spent = f"{calls} model call{'s' * (calls != 1)} took {metrics.seconds_model:.0f}s of it"
+    stderr = _brief(_read_tail(err_path, _STDERR_KEPT), _ERROR_TAIL)
+    return f"{spent}; stderr: {stderr}" if stderr else spent
 
 
 def _append_answer(episode: AgentEpisode, stdout: str) -> None:

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
+from rayrollout.data.config_model import ConfigModel
 from rayrollout.data.environment_config import (
     DEFAULT_SESSION_IDLE_TIMEOUT_S,
     EnvironmentAutoscaling,
@@ -43,10 +44,6 @@ __all__ = [
     "WorkersConfig",
     "load_config",
 ]
-
-
-class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 S = TypeVar("S", bound=BaseModel)
@@ -183,7 +180,7 @@ DEFAULT_AGENT = "tool_loop"
 """The agent of tasks and runs that name none: the built-in tool loop."""
 
 
-class AgentSettings(_Config):
+class AgentSettings(ConfigModel):
     """One agent (episode loop) as a run's config names it: ``agent_settings: {NAME: ...}``."""
 
     path: str | None = Field(
@@ -195,7 +192,7 @@ class AgentSettings(_Config):
     )
 
 
-class WorkersConfig(_Config):
+class WorkersConfig(ConfigModel):
     """The pool of worker actors: Ray actors that each play their share of the episodes,
     every episode with the agent its task names."""
 
@@ -209,7 +206,7 @@ class WorkersConfig(_Config):
     )
 
 
-class EpisodeConfig(_Config):
+class EpisodeConfig(ConfigModel):
     """The limits of one episode, whichever agent plays it."""
 
     max_turns: int = Field(default=8, ge=1, description="Model calls per episode at most.")
@@ -261,7 +258,7 @@ def _renamed_keys(data: dict[str, Any]) -> str | None:
     )
 
 
-class OutputConfig(_Config):
+class OutputConfig(ConfigModel):
     """Where trajectories go and how they are cut into part files."""
 
     dir: str = Field(default="rollouts", description="Output folder of part files.")
@@ -277,7 +274,7 @@ class OutputConfig(_Config):
     )
 
 
-class PlacementConfig(_Config):
+class PlacementConfig(ConfigModel):
     """Which nodes run what: node roles are Ray custom resources the cluster's nodes declare.
 
     A GPU node started with ``ray start --resources '{"gpu_node": 1}'`` takes the policy's
@@ -321,7 +318,7 @@ class PlacementConfig(_Config):
         return merged
 
 
-class RayConfig(_Config):
+class RayConfig(ConfigModel):
     """Which Ray cluster to use and where Serve listens."""
 
     address: str | None = Field(
@@ -355,7 +352,7 @@ class RayConfig(_Config):
     )
 
 
-class TrainingConfig(_Config):
+class TrainingConfig(ConfigModel):
     """How the engine's training-loop methods behave (``generate``, ``pause``, weights)."""
 
     pause_mode: Literal["wait", "abort_and_retry", "continue", "interrupt"] = Field(
@@ -413,7 +410,7 @@ class TrainingConfig(_Config):
         return self
 
 
-class RunConfig(_Config):
+class RunConfig(ConfigModel):
     """Everything one run needs; the YAML file, the CLI flags and Python all fill this."""
 
     namespace: str = Field(

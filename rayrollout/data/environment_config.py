@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from rayrollout.data.config_model import ConfigModel
 
 __all__ = ["DEFAULT_SESSION_IDLE_TIMEOUT_S", "EnvironmentAutoscaling", "EnvironmentConfig"]
 
@@ -18,10 +20,8 @@ __all__ = ["DEFAULT_SESSION_IDLE_TIMEOUT_S", "EnvironmentAutoscaling", "Environm
 DEFAULT_SESSION_IDLE_TIMEOUT_S = 3600.0
 
 
-class EnvironmentAutoscaling(BaseModel):
+class EnvironmentAutoscaling(ConfigModel):
     """Bounds of an environment's replica count, scaled by Serve with the requests in flight."""
-
-    model_config = ConfigDict(extra="forbid")
 
     min_replicas: int = Field(default=1, ge=0, description="Replicas at least.")
     max_replicas: int = Field(default=4, ge=1, description="Replicas at most.")
@@ -63,15 +63,13 @@ class EnvironmentAutoscaling(BaseModel):
         }
 
 
-class EnvironmentConfig(BaseModel):
+class EnvironmentConfig(ConfigModel):
     """Per-environment settings: its class and arguments, where it is hosted, how many replicas.
 
     The key it sits under in ``environments`` is the environment's one name: tasks name it,
     and hosting, sessions and these settings are looked up by it (never by the class's own
     ``name`` attribute), so one class can run under two names with different ``args``.
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     path: str | None = Field(
         default=None,

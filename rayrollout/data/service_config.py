@@ -7,15 +7,15 @@ stalls its own batch at the first limit, and the engine buffers no more for it.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from rayrollout.data.config_model import ConfigModel
 
 __all__ = ["ServiceConfig"]
 
 
-class ServiceConfig(BaseModel):
+class ServiceConfig(ConfigModel):
     """The HTTP rollout API of ``rayrollout up`` (docs/how-to/service.md)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     enabled: bool = Field(default=True, description="Start the HTTP service with `rayrollout up`.")
     host: str = Field(

@@ -20,10 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from rayrollout.auth import RouteAuth
 from rayrollout.data.config import RunConfig
+from rayrollout.data.config_model import ConfigModel
 from rayrollout.plugins import PluginGroup
 from rayrollout.policy.errors import UnknownPolicyKindError, WeightUpdateError
 from rayrollout.policy.gate import PauseMode
@@ -80,11 +81,9 @@ class OwnServer:
     start: Callable[[], Callable[[], None]]
 
 
-class NoSettings(BaseModel):
+class NoSettings(ConfigModel):
     """The settings of a kind that takes none of its own (``openai``): any key beside the
     common ones is refused."""
-
-    model_config = ConfigDict(extra="forbid")
 
 
 S = TypeVar("S", bound=BaseModel)

@@ -94,7 +94,10 @@ def test_forced_tokens_are_marked_and_model_logprobs_match_the_trainers_model(
     tasks = math_tasks()[:TASKS]
     # Chat Completions writes a JSON tool call, longer than the Hermes tag, and vLLM's parser
     # drops one cut off at max_tokens (the episode then ends after it).
-    settings: dict[str, Any] = {"max_tokens": 48 if prompt_mode == "token_ids" else 96}
+    settings: dict[str, Any] = {
+        "max_tokens": 48 if prompt_mode == "token_ids" else 96,
+        "model_logprobs": "constrained",
+    }
     trajectories: list[Trajectory] = run(
         smollm2_fp32, tmp_path, tasks, repeats=1, prompt_mode=prompt_mode, **settings
     )

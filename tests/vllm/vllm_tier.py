@@ -142,6 +142,10 @@ def client_policy(policy: VllmPolicy, **settings: Any) -> dict[str, Any]:
         "max_tokens": 128,
         "temperature": 1.0,
         "timeout_s": 120,
+        # Each constrained turn's rescoring prefill (prompt_logprobs over the whole sequence,
+        # no prefix cache) about doubles a turn's time on CPU; test_model_logprobs_vllm turns
+        # it on and checks it, the other tests check the tokens.
+        "model_logprobs": "off",
         **settings,
     }
 

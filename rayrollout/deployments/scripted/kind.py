@@ -14,10 +14,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import ray
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from rayrollout.auth import RouteAuth
 from rayrollout.data.config import RunConfig
+from rayrollout.data.config_model import ConfigModel
 from rayrollout.deployments.scripted.local import LocalScriptedPolicy
 from rayrollout.policy.kinds import FixedWeights, OwnServer, PolicyKind, kind_settings
 
@@ -27,10 +28,8 @@ if TYPE_CHECKING:
 __all__ = ["SCRIPTED", "ScriptedPolicyConfig", "ScriptedSettings", "ScriptedWeights"]
 
 
-class ScriptedPolicyConfig(BaseModel):
+class ScriptedPolicyConfig(ConfigModel):
     """Settings of the built-in scripted policy (a stand-in for a model in tests and demos)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     replicas: int = Field(default=1, ge=1, description="Serve replicas of the scripted policy.")
     latency_s: float = Field(
@@ -44,10 +43,8 @@ class ScriptedPolicyConfig(BaseModel):
     )
 
 
-class ScriptedSettings(BaseModel):
+class ScriptedSettings(ConfigModel):
     """The scripted kind's own ``policy:`` keys."""
-
-    model_config = ConfigDict(extra="forbid")
 
     scripted: ScriptedPolicyConfig = Field(
         default_factory=ScriptedPolicyConfig,

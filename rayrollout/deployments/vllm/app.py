@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from rayrollout.auth import RouteAuth
+from rayrollout.data.config_model import ConfigModel
 from rayrollout.deployments.vllm.ingress import gated_openai_app
 
 __all__ = [
@@ -43,10 +44,8 @@ _ROUTER_CLASSES: dict[str, str] = {
 }
 
 
-class AutoscalingConfig(BaseModel):
+class AutoscalingConfig(ConfigModel):
     """Serve autoscaling of the vLLM replicas (instead of a fixed ``replicas``)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     min_replicas: int = Field(default=1, ge=0, description="Replicas kept at least.")
     max_replicas: int = Field(default=1, ge=1, description="Replicas at most.")
@@ -55,10 +54,8 @@ class AutoscalingConfig(BaseModel):
     )
 
 
-class VllmDeploymentConfig(BaseModel):
+class VllmDeploymentConfig(ConfigModel):
     """One vLLM model served by Ray Serve LLM behind an OpenAI-compatible ingress."""
-
-    model_config = ConfigDict(extra="forbid")
 
     model_id: str = Field(description="Model name clients send ('model' in requests).")
     model_source: str = Field(

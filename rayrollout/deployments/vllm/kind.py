@@ -20,10 +20,11 @@ from __future__ import annotations
 from typing import Any
 
 import aiohttp
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
 from rayrollout.auth import RouteAuth, bearer_header
 from rayrollout.data.config import PolicyConfig, RunConfig
+from rayrollout.data.config_model import ConfigModel
 from rayrollout.deployments.vllm.app import build_vllm_app, load_vllm_config, resolve_model_source
 from rayrollout.deployments.vllm.weight_reload import RELOAD_METHOD
 from rayrollout.policy.gate import PauseMode
@@ -46,12 +47,10 @@ _VLLM_PAUSE = {
 _CONTROL_TIMEOUT_S = 600.0
 
 
-class VllmSettings(BaseModel):
+class VllmSettings(ConfigModel):
     """The vLLM kind's own ``policy:`` keys, and what the run's policy section cannot ask of
     a vLLM app: refused before anything starts rather than as a 404 on every episode of a
     run that took minutes to start."""
-
-    model_config = ConfigDict(extra="forbid")
 
     vllm_config: str | None = Field(
         default=None,
