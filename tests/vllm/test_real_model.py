@@ -286,7 +286,10 @@ def run_agents(
             "simulated_user": {"path": AGENTS["simulated_user"], "args": {"max_user_turns": 2}},
             "program": {
                 "path": AGENTS["program"],
-                "args": {"command": ["python", OPENAI_AGENT], "timeout_s": 600},
+                # A program's episode can span the whole collect on a busy 2-core machine
+                # (its calls queue behind 15 other episodes'); a hung one still ends, named,
+                # before the test's own limit.
+                "args": {"command": ["python", OPENAI_AGENT], "timeout_s": 1000},
             },
         },
         "output": {"dir": str(tmp_path / "out"), "flush_interval_s": 1.0},
