@@ -141,7 +141,7 @@ class ProgramAgent(Agent):
             code = exited.result()
             if code != 0:
                 how = f"was killed by signal {-code}" if code < 0 else f"exited {code}"
-                stderr = _brief(_read_tail(err_path, _STDERR_KEPT), _ERROR_TAIL)
+                stderr = _stderr_tail(err_path)
                 raise EpisodeEnd(
                     "error",
                     f"agent '{self.name}': command {self.shown} {how}: {stderr or '(no stderr)'}",
@@ -189,8 +189,13 @@ def _spent(episode: AgentEpisode, err_path: Path) -> str:
     metrics = episode.trajectory.metrics
     calls = len(episode.trajectory.turns)
     spent = f"{calls} model call{'s' * (calls != 1)} took {metrics.seconds_model:.0f}s of it"
-    stderr = _brief(_read_tail(err_path, _STDERR_KEPT), _ERROR_TAIL)
+    stderr = _stderr_tail(err_path)
     return f"{spent}; stderr: {stderr}" if stderr else spent
+
+
+def _stderr_tail(err_path: Path) -> str:
+    """The end of the program's stderr, as an episode's error quotes it."""
+    return _brief(_read_tail(err_path, _STDERR_KEPT), _ERROR_TAIL)
 
 
 def _append_answer(episode: AgentEpisode, stdout: str) -> None:

@@ -795,7 +795,7 @@ def _json_text(value: Any) -> str:
     module where orjson refuses a value (an integer past 64 bits, a verifier's 2**100)."""
     try:
         return orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
-    except (orjson.JSONEncodeError, TypeError):
+    except TypeError:  # orjson.JSONEncodeError is one
         return json.dumps(value, ensure_ascii=False, default=str)
 
 
