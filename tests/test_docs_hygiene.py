@@ -153,10 +153,12 @@ def test_the_readme_is_a_front_door():
         "python3 -m venv .venv && . .venv/bin/activate && pip install -e . && rayrollout demo"
         in readme
     )
+    tests = "pytest -n 2 --dist loadfile"
     assert (
-        'python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[dev]" && pytest'
+        f'python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[dev]" && {tests}\n'
         in readme
     )
+    assert f"\n{tests} " in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
 
 
 def test_module_docstrings_are_six_lines_at_the_median():
