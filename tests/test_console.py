@@ -259,7 +259,7 @@ def test_the_demo_console_is_quiet_and_fits_80_columns(tmp_path):
     assert not RAY_MODULE.search(console), console
     assert "…" not in console
     # Every line fits, but those left unwrapped on purpose: paths, calls and fixes to copy.
-    unwrapped = ("wrote ", "logs of Ray", "left out environment")
+    unwrapped = ("wrote ", "logs of Ray", "left out environment", "policy: ", "demo done")
     assert [line for line in lines if len(line) > 80 and not line.startswith(unwrapped)] == []
     assert "rollout summary" in console and "demo done" in console
     # The noise went to the log file, and the code sandbox made none (it forked before).

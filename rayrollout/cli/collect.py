@@ -248,4 +248,4 @@ def demo(
     with routed_logs(console, run_config.output.dir, verbose):
         summary = run_collect(run_config)
         report_failures(console, summary)
-    console.print(f"demo done: {summary.total.episodes} episodes in {out}/")
+    console.print(f"demo done: {summary.total.episodes} episodes in {out}/", soft_wrap=True)

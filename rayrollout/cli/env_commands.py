@@ -253,6 +253,7 @@ def env_serve(
         f"environment '{spec.name}' speaks NeMo Gym's protocol at {url} (POST /seed_session, "
         f"/<tool>, /verify, /close_session, /aggregate_metrics; GET / lists the tools){token_note}",
         highlight=False,
+        soft_wrap=True,  # unwrapped: the URL and the token's path stay whole, to copy
     )
     typer.echo(url)
     if detach:

@@ -30,7 +30,7 @@ def report(
     except FileNotFoundError as exc:  # no such folder, or no parts in it
         fail(str(exc), 1)
     html_path.write_text(page, encoding="utf-8")
-    console.print(f"wrote {html_path} ({len(page) // 1024} KiB)")
+    console.print(f"wrote {html_path} ({len(page) // 1024} KiB)", soft_wrap=True)
 
 
 def export(
@@ -62,6 +62,7 @@ def export(
         f"wrote {summary.rows_written} {kind} row(s) to {out} "
         f"({summary.rows_read} trajectories read from {source})",
         highlight=False,
+        soft_wrap=True,  # unwrapped: the paths stay whole, to copy
     )
     if kind == "nemo-gym":
         files = nemo_gym_files(out)
@@ -69,4 +70,5 @@ def export(
             f"and {summary.failures_written} failed episode(s) to {files['failures']}, the "
             f"inputs to {files['inputs']} (NeMo Gym's rollout files)",
             highlight=False,
+            soft_wrap=True,
         )

@@ -66,11 +66,13 @@ def run_collect(config: RunConfig) -> RunSnapshot:
         plan.on_reject = skipped
         if engine.config.resume:
             console.print(
-                f"resume: {len(plan.written)} episode(s) already in {engine.config.output.dir}"
+                f"resume: {len(plan.written)} episode(s) already in {engine.config.output.dir}",
+                soft_wrap=True,  # unwrapped: the path stays whole, to copy
             )
         console.print(
             f"policy: {engine.policy_url} ({engine.config.policy.model}); "
-            f"workers: {config.workers.num_workers}; concurrency: {config.concurrency}"
+            f"workers: {config.workers.num_workers}; concurrency: {config.concurrency}",
+            soft_wrap=True,  # unwrapped: the URL stays whole, to copy
         )
         progress.begin(plan.episodes)
 
@@ -99,7 +101,9 @@ def run_collect(config: RunConfig) -> RunSnapshot:
     console.print(summary_table(summary))
     rejects = planned[0].rejected if planned else 0
     if rejects:
-        console.print(f"{rejects} invalid row(s) skipped; see {out_dir / REJECTS_FILE}")
+        console.print(
+            f"{rejects} invalid row(s) skipped; see {out_dir / REJECTS_FILE}", soft_wrap=True
+        )
     console.print(  # unwrapped: the path and the call stay whole, to copy
         f"[green]wrote {summary.rows_written} trajectories[/green] to {out_dir}/ "
         f"({fmt}); {_how_to_open(out_dir)}",
