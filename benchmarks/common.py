@@ -181,10 +181,11 @@ _ROLES = (  # (substring of the command line, role), first match wins
 )
 
 
-def cpu_by_role(roots: list[int]) -> dict[str, float]:
-    """CPU seconds used so far by every live process under ``roots``, summed per role
-    (workers, engine, environment replicas, the stub, the driver, Ray's own daemons)."""
-    totals: dict[str, float] = {}
+def cpu_by_process(roots: list[int]) -> dict[int, tuple[str, float]]:
+    """Every live process under ``roots``: its role (workers, engine, environment replicas,
+    the stub, the driver, Ray's own daemons and idle workers) and the CPU seconds it has
+    used so far."""
+    processes: dict[int, tuple[str, float]] = {}
     for pid, seconds in _processes_under(roots).items():
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as file:
@@ -196,15 +197,26 @@ def cpu_by_role(roots: list[int]) -> dict[str, float]:
             if needle in command:
                 role = name
                 break
-        totals[role] = totals.get(role, 0.0) + seconds
-    return totals
+        processes[pid] = (role, seconds)
+    return processes
 
 
-def cpu_ms_per_episode(before: dict[str, float], after: dict[str, float], n: int) -> dict:
-    """Per-role CPU milliseconds per episode between two ``cpu_by_role`` snapshots."""
+def cpu_ms_per_episode(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], n: int
+) -> dict[str, float]:
+    """Per-role CPU milliseconds per episode between two ``cpu_by_process`` snapshots.
+
+    Each process counts what it used between the two, under the role it has at the second:
+    Ray hands an actor a worker process it started earlier (idle, Ray imported), and that
+    process's CPU from before the first snapshot is not the actor's work in the window.
+    """
+    totals: dict[str, float] = {}
+    for pid, (role, seconds) in after.items():
+        earlier = before.get(pid, (role, 0.0))[1]
+        totals[role] = totals.get(role, 0.0) + seconds - earlier
     return {
-        role: round(1000 * (after[role] - before.get(role, 0.0)) / n, 3)
-        for role in sorted(after, key=lambda r: before.get(r, 0.0) - after[r])
+        role: round(1000 * seconds / n, 3)
+        for role, seconds in sorted(totals.items(), key=lambda item: -item[1])
     }
 
 

@@ -37,7 +37,8 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 from common import (  # noqa: E402
-    cpu_by_role,
+    cpu_by_process,
+    cpu_ms_per_episode,
     emit,
     free_port,
     keep_stdout_for_json,
@@ -233,20 +234,18 @@ def timed(engine: Any, agent: str, n: int, prefix: str) -> dict[str, Any]:
     """n in-process episodes played by ``agent``: rate and CPU per episode."""
     root = os.getpid()
     tasks = [{**task, "agent": agent} for task in weather_tasks(n, prefix=prefix)]
-    before = cpu_by_role([root])
+    before = cpu_by_process([root])
     start = time.perf_counter()
     result = engine.collect(tasks)
     wall = time.perf_counter() - start
-    after = cpu_by_role([root])
+    by_role = cpu_ms_per_episode(before, cpu_by_process([root]), n)
     ok = result.summary["total"]["statuses"].get("ok", 0)
     if ok < n:
         raise RuntimeError(f"{agent}: only {ok} of {n} episodes ok: {result.summary['total']}")
-    total = sum(after.values()) - sum(before.values())
-    workers = after.get("workers", 0.0) - before.get("workers", 0.0)
     return {
         "episodes_per_s": round(n / wall, 1),
-        "cpu_ms_per_episode": round(1000 * total / n, 2),
-        "worker_cpu_ms_per_episode": round(1000 * workers / n, 2),
+        "cpu_ms_per_episode": round(sum(by_role.values()), 2),
+        "worker_cpu_ms_per_episode": round(by_role.get("workers", 0.0), 2),
     }
 
 

@@ -69,7 +69,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common import (  # noqa: E402
-    cpu_by_role,
+    cpu_by_process,
     cpu_ms_per_episode,
     emit,
     keep_stdout_for_json,
@@ -420,20 +420,20 @@ def run_engine(
     }
     tasks = task_rows(episodes, env_name)
     root = os.getpid()
-    roles0 = cpu_by_role([root, *server_pids])
+    processes0 = cpu_by_process([root, *server_pids])
     cpu0 = tree_cpu_seconds(root) + sum(tree_cpu_seconds(pid) for pid in server_pids)
     start = time.perf_counter()
     with RolloutEngine(config) as engine:
         engine.start()
-        roles_started = cpu_by_role([root, *server_pids])
+        processes_started = cpu_by_process([root, *server_pids])
         started, collect_at = time.perf_counter(), time.time()
         result = engine.collect(tasks)
         collected, collect_end = time.perf_counter(), time.time()
         # Measured before the actors exit: a dead process's CPU is no longer in /proc.
         cpu = tree_cpu_seconds(root) + sum(tree_cpu_seconds(pid) for pid in server_pids) - cpu0
-        roles_end = cpu_by_role([root, *server_pids])
-        by_role = cpu_ms_per_episode(roles0, roles_end, episodes)
-        in_collect = cpu_ms_per_episode(roles_started, roles_end, episodes)
+        processes_end = cpu_by_process([root, *server_pids])
+        by_role = cpu_ms_per_episode(processes0, processes_end, episodes)
+        in_collect = cpu_ms_per_episode(processes_started, processes_end, episodes)
     ended = time.perf_counter()
     wall = ended - start
     frame = load_episodes(out)

@@ -10,7 +10,7 @@ them, and the engine actor sits on one of them. Episodes are single-tool weather
 what is measured is the engine, not a model.
 
 CPU is read from /proc for every process below the run (the driver, the stub, every node's
-raylet and workers: ``common.cpu_by_role``) and split per role per episode. The engine
+raylet and workers: ``common.cpu_by_process``) and split per role per episode. The engine
 actor's share is its CPU over every engine-side process's (the stub left out); one engine
 actor saturates a core at 1 / (its CPU seconds per episode) episodes/s, whatever the number
 of workers, nodes or GPUs behind it.
@@ -36,7 +36,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common import (  # noqa: E402
-    cpu_by_role,
+    cpu_by_process,
     cpu_ms_per_episode,
     emit,
     keep_stdout_for_json,
@@ -50,7 +50,7 @@ TESTS = Path(__file__).resolve().parents[1] / "tests"
 sys.path[:0] = [str(TESTS / "cluster"), str(TESTS)]  # raycluster imports tests/netutil
 from raycluster import RayTestCluster  # noqa: E402  # the cluster tier's own helper
 
-ROLES = {  # common.cpu_by_role's names -> this benchmark's
+ROLES = {  # common.cpu_by_process's names -> this benchmark's
     "workers": "workers",
     "engine": "engine actor",
     "driver": "driver",
@@ -75,11 +75,11 @@ def worker_nodes(address: str, mark: str) -> int:
 
 def point(engine: Any, roots: list[int], nodes: int, workers: int, episodes: int) -> dict[str, Any]:
     """Collect ``episodes`` on a warm engine; throughput and CPU per episode per role."""
-    before = cpu_by_role(roots)
+    before = cpu_by_process(roots)
     started = time.perf_counter()
     result = engine.collect(weather_tasks(episodes))
     seconds = time.perf_counter() - started
-    after = cpu_by_role(roots)
+    after = cpu_by_process(roots)
     ok = result.summary["total"]["statuses"].get("ok", 0)
     if ok != episodes:
         raise RuntimeError(f"only {ok} of {episodes} episodes ok: {result.summary['total']}")
