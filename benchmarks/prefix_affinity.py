@@ -119,6 +119,7 @@ async def play(
     returns one record per model call and the wall seconds."""
     from rayrollout.data.config import PolicyConfig
     from rayrollout.data.schema import Message, Turn
+    from rayrollout.policy.call import PolicyRequest
     from rayrollout.policy.client import PolicyClient
 
     config = PolicyConfig(
@@ -160,7 +161,9 @@ async def play(
         turns: list[Turn] = []
         async with gate:
             for turn_index in range(args.turns):
-                reply = await client.complete(messages, [], session_id=spec["id"], history=turns)
+                reply = await client.complete(
+                    PolicyRequest(messages, [], session_id=spec["id"], history=turns)
+                )
                 details = usage[spec["id"]].get("prompt_tokens_details") or {}
                 kept = turns[-1].prompt_token_ids + turns[-1].completion_token_ids if turns else []
                 records.append(

@@ -30,6 +30,7 @@ from rayrollout.data.schema import (
 )
 from rayrollout.envkit import Environment, Episode
 from rayrollout.envkit.sessions import EnvironmentSetupFailed, EnvSession
+from rayrollout.policy.call import PolicyRequest
 from rayrollout.policy.client import PolicyError, PolicyTimeout
 from rayrollout.policy.protocol import Policy
 from rayrollout.policy.tokens import first_mismatch
@@ -135,12 +136,14 @@ async def _play(
     for turn_index in range(config.max_turns):
         try:
             reply = await policy.complete(
-                messages,
-                tools,
-                task.sampling,
-                session_id=episode_id,
-                history=trajectory.turns,
-                last_turn=turn_index == config.max_turns - 1,
+                PolicyRequest(
+                    messages,
+                    tools,
+                    task.sampling,
+                    session_id=episode_id,
+                    history=trajectory.turns,
+                    last_turn=turn_index == config.max_turns - 1,
+                )
             )
         except PolicyTimeout as exc:
             raise _EpisodeEnd("timeout", str(exc)) from None

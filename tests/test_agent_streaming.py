@@ -21,7 +21,7 @@ from rayrollout.engine.feeding import (
     worker_share,
     worker_with_room,
 )
-from rayrollout.engine.worker import WorkerRunner
+from rayrollout.engine.worker import WorkerRunner, WorkerSpec
 
 
 async def test_a_slow_episode_does_not_hold_back_the_rest_of_its_chunk(tmp_path):
@@ -42,7 +42,7 @@ async def test_a_slow_episode_does_not_hold_back_the_rest_of_its_chunk(tmp_path)
                 "output": {"dir": str(tmp_path)},
             }
         )
-        runner = WorkerRunner("worker:test", config, flaky.base_url)
+        runner = WorkerRunner(WorkerSpec("worker:test", config, flaky.base_url))
         started = time.monotonic()
         batches = []
         try:
@@ -84,7 +84,7 @@ async def test_the_next_episode_plays_while_the_last_one_is_scored(tmp_path):
                 "output": {"dir": str(tmp_path)},
             }
         )
-        runner = WorkerRunner("worker:test", config, flaky.base_url, max_running=1)
+        runner = WorkerRunner(WorkerSpec("worker:test", config, flaky.base_url, max_running=1))
         rows = []
         try:
             async for _, batch in runner.stream(specs):

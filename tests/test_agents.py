@@ -23,7 +23,6 @@ from rayrollout.data.config import AgentSettings, EpisodeConfig, PolicyConfig
 from rayrollout.data.schema import (
     FunctionCall,
     Message,
-    SamplingParams,
     Task,
     ToolCall,
     Trajectory,
@@ -33,7 +32,7 @@ from rayrollout.engine.episode_frame import run_episode
 from rayrollout.engine.episode_spec import EpisodeSpec
 from rayrollout.environments.weather.env import WeatherEnv
 from rayrollout.envkit.sessions import InlineSession
-from rayrollout.policy.client import PolicyReply
+from rayrollout.policy.call import PolicyReply, PolicyRequest
 
 QUESTION = "What's the weather like in Paris?"
 
@@ -67,16 +66,9 @@ class FakePolicy:
     calls: list[Call] = field(default_factory=list)
     _tool_turns: dict[str, int] = field(default_factory=dict)
 
-    async def complete(
-        self,
-        messages: list[Message],
-        tools: list[dict[str, Any]],
-        sampling: SamplingParams | None = None,
-        session_id: str | None = None,
-        history: list[Turn] | None = None,
-        last_turn: bool = False,
-    ) -> PolicyReply:
-        self.calls.append(Call(list(messages), tools, list(history or [])))
+    async def complete(self, request: PolicyRequest) -> PolicyReply:
+        messages, tools, session_id = request.messages, request.tools, request.session_id
+        self.calls.append(Call(list(messages), tools, list(request.history)))
         if not tools:
             reply = Message(role="assistant", content=self.user_lines.pop(0))
         else:

@@ -28,8 +28,9 @@ from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import Message
 from rayrollout.data.tasks import parse_task_row
 from rayrollout.engine.episode_spec import EpisodeSpec
-from rayrollout.engine.worker import WorkerRunner
+from rayrollout.engine.worker import WorkerRunner, WorkerSpec
 from rayrollout.envkit.sessions import EnvironmentLost, InlineSession
+from rayrollout.policy.call import PolicyRequest
 from rayrollout.policy.client import PolicyClient, PolicyError
 
 NAMESPACE = "fault-tests"
@@ -125,7 +126,7 @@ async def test_garbage_json_is_retried_until_the_server_answers():
         flaky._fault_for = twice_garbage  # type: ignore[method-assign]
         policy = PolicyClient(PolicyConfig(kind="openai", model="m", max_retries=2), flaky.base_url)
         try:
-            reply = await policy.complete([Message(role="user", content="hello")], tools=[])
+            reply = await policy.complete(PolicyRequest([Message(role="user", content="hello")]))
         finally:
             await policy.close()
     assert reply.message.content and flaky.requests == 3
@@ -137,7 +138,7 @@ async def test_garbage_json_past_the_retry_limit_says_so():
         message = Message(role="user", content="[[always=garbage]] hello")
         try:
             with pytest.raises(PolicyError, match="unusable answer.*after 1 retries"):
-                await policy.complete([message], tools=[])
+                await policy.complete(PolicyRequest([message]))
         finally:
             await policy.close()
         assert flaky.requests == 2
@@ -168,7 +169,7 @@ async def test_an_episode_whose_replica_died_is_played_again_then_given_up(
     spec = EpisodeSpec(parse_task_row({"prompt": "say hi", "environment": "echo"}), 0)
     with FlakyPolicy(fault_rate=0.0) as flaky:
         cfg = fault_config(tmp_path, 0, policy={"kind": "openai", "base_url": flaky.base_url})
-        runner = WorkerRunner("worker:test", cfg, flaky.base_url)
+        runner = WorkerRunner(WorkerSpec("worker:test", cfg, flaky.base_url))
         runner._session = lambda env_cls, name, spec, episode_id: LosingSession(  # type: ignore[method-assign]
             env_cls, spec.task
         )

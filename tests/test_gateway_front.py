@@ -35,7 +35,7 @@ from rayrollout.agentkit.gateway_front import (
 from rayrollout.agents.nemo_gym import NemoGymAgent, _complete_transcript
 from rayrollout.data.config import EpisodeConfig, PolicyConfig
 from rayrollout.data.schema import FunctionCall, Message, Task, ToolCall, Trajectory, Turn
-from rayrollout.policy.client import PolicyReply
+from rayrollout.policy.call import PolicyReply, PolicyRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 WEATHER_ROWS = ROOT / "rayrollout" / "environments" / "weather" / "tasks_nemo_gym.jsonl"
@@ -211,7 +211,8 @@ class ScriptedReplies:
 
     config = PolicyConfig()
 
-    async def complete(self, messages: list[Message], tools: Any, *args: Any, **kw: Any) -> Any:
+    async def complete(self, request: PolicyRequest) -> PolicyReply:
+        messages = request.messages
         if messages[-1].role == "tool":
             reply = Message(role="assistant", content=f"It is {messages[-1].content}.")
         else:

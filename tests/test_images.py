@@ -29,6 +29,7 @@ from rayrollout.data.schema import (
 from rayrollout.data.tasks import InvalidTaskError, parse_task_row, read_tasks
 from rayrollout.data.writer import JsonlSink, ParquetSink
 from rayrollout.envkit import Environment, Episode, Verification, tool
+from rayrollout.policy.call import PolicyRequest
 from rayrollout.policy.client import PolicyClient
 
 
@@ -346,7 +347,7 @@ async def test_chat_completions_sends_image_url_parts(scripted):
         api_key="secret",
     )
     try:
-        reply = await policy.complete(conversation(), tools=[])
+        reply = await policy.complete(PolicyRequest(conversation()))
     finally:
         await policy.close()
     assert reply.message.content  # the scripted policy answered
@@ -361,7 +362,7 @@ async def test_the_responses_api_sends_input_image_items(scripted):
     config = PolicyConfig(kind="openai", model="scripted", api="responses")
     policy = PolicyClient(config, scripted.url, api_key="secret")
     try:
-        await policy.complete(conversation(), tools=[])
+        await policy.complete(PolicyRequest(conversation()))
     finally:
         await policy.close()
     (body,) = scripted.bodies
@@ -430,7 +431,7 @@ async def test_nemo_gym_image_rows_are_read_and_their_images_reach_the_policy(
     policy = PolicyClient(config, scripted.url, api_key="secret")
     try:
         for task in tasks:
-            await policy.complete(task.prompt, tools=[])
+            await policy.complete(PolicyRequest(task.prompt))
     finally:
         await policy.close()
     assert [body_images(body) for body in scripted.bodies] == [
@@ -522,8 +523,8 @@ async def test_token_ids_mode_sends_images_with_the_kept_ids_to_the_token_route(
         policy = PolicyClient(config, base_url)
         policy._delta_renderer = DeltaRenderer(char_template)
         try:
-            first = await policy.complete(messages[:1], tools=[])
-            second = await policy.complete(messages, tools=[], history=[first.turn])
+            first = await policy.complete(PolicyRequest(messages[:1]))
+            second = await policy.complete(PolicyRequest(messages, history=[first.turn]))
         finally:
             await policy.close()
 

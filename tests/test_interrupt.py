@@ -20,6 +20,7 @@ from trajectories import greeting
 
 from rayrollout.data.config import PolicyConfig, RunConfig
 from rayrollout.data.schema import Message, Turn, version_spans
+from rayrollout.policy.call import PolicyRequest
 from rayrollout.policy.client import PolicyClient
 from rayrollout.policy.gate import PolicyGate, StaleEpisode
 from rayrollout.policy.tokens import DeltaRenderer
@@ -125,7 +126,7 @@ async def update_mid_call(
     client = token_client(url, gate)
     prompts = [[Message(role="user", content=f"task {i}")] for i in range(calls)]
     tasks = [
-        asyncio.create_task(client.complete(p, tools=[], session_id=f"e{i}"))
+        asyncio.create_task(client.complete(PolicyRequest(p, session_id=f"e{i}")))
         for i, p in enumerate(prompts)
     ]
     await asyncio.sleep(0.25)  # tokens generated under version 0
@@ -182,7 +183,7 @@ async def test_interrupt_pause_returns_with_every_call_stopped_and_its_tokens_ke
     server, url = served
     gate = PolicyGate()
     client = token_client(url, gate)
-    task = asyncio.create_task(client.complete([Message(role="user", content="x")], tools=[]))
+    task = asyncio.create_task(client.complete(PolicyRequest([Message(role="user", content="x")])))
     await asyncio.sleep(0.2)
     await gate.pause("interrupt")
     await server.pause()
@@ -209,7 +210,7 @@ async def test_a_call_that_reaches_the_paused_server_late_is_stopped_again_and_s
     gate = PolicyGate()
     client = token_client(url, gate, max_tokens=20)
     await server.pause()  # the server paused before the call arrives
-    task = asyncio.create_task(client.complete([Message(role="user", content="x")], tools=[]))
+    task = asyncio.create_task(client.complete(PolicyRequest([Message(role="user", content="x")])))
     await asyncio.sleep(0.05)
     assert await gate.pause("interrupt") == 1
     assert not await gate.settle(0.2)  # it waits at the server
@@ -229,7 +230,7 @@ async def test_a_continuation_past_max_staleness_restarts_the_episode(served):
     gate = PolicyGate(max_staleness=0)
     client = token_client(url, gate)
     task = asyncio.create_task(
-        client.complete([Message(role="user", content="x")], tools=[], session_id="e1")
+        client.complete(PolicyRequest([Message(role="user", content="x")], session_id="e1"))
     )
     await asyncio.sleep(0.1)
     await gate.pause("interrupt")
@@ -371,7 +372,9 @@ async def test_a_constrained_call_cannot_resume_its_constraint_and_is_made_again
     client.config.tool_choice = "required"
     client.config.model_logprobs = "off"  # this fake server has no prompt_logprobs
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-    task = asyncio.create_task(client.complete([Message(role="user", content="x")], tools=tools))
+    task = asyncio.create_task(
+        client.complete(PolicyRequest([Message(role="user", content="x")], tools=tools))
+    )
     await asyncio.sleep(0.1)
     await gate.pause("interrupt")
     await server.pause()

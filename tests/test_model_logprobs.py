@@ -23,6 +23,7 @@ from rayrollout.cli import app
 from rayrollout.data.config import PolicyConfig
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import Message, Trajectory, Turn, trajectory_arrow_schema
+from rayrollout.policy.call import PolicyRequest
 from rayrollout.policy.client import PolicyClient, PolicyError
 
 PROMPT = [1, 2, 3]
@@ -83,7 +84,9 @@ async def one_turn(url: str, tools: list[dict[str, Any]], **config: Any) -> Turn
     )
     try:
         reply = await policy.complete(
-            [Message(role="user", content="6 * 7?")], tools=tools, session_id="episode-1"
+            PolicyRequest(
+                [Message(role="user", content="6 * 7?")], tools=tools, session_id="episode-1"
+            )
         )
     finally:
         await policy.close()

@@ -10,6 +10,7 @@ from old_parts import new_row, write_before_and_after
 from rayrollout import Trajectory, read_trajectories
 from rayrollout.data.config import PolicyConfig
 from rayrollout.data.schema import Message, Turn
+from rayrollout.policy.call import PolicyRequest
 from rayrollout.policy.client import PolicyClient, PolicyError, PolicyTimeout
 
 ANSWER = {
@@ -61,7 +62,7 @@ def client(url, **config) -> PolicyClient:
 
 async def ask(policy: PolicyClient):
     try:
-        return await policy.complete([Message(role="user", content="hello")], tools=[])
+        return await policy.complete(PolicyRequest([Message(role="user", content="hello")]))
     finally:
         await policy.close()
 
@@ -254,7 +255,7 @@ def test_a_policy_kind_registered_twice_is_an_error_naming_both(monkeypatch, fre
 async def test_the_gate_retries_only_its_own_abort_and_lets_a_timeout_through():
     """An aborted call runs in the episode's own task: the gate sends it again after resume,
     but a timeout or cancel of the episode that lands during the call still ends it."""
-    from rayrollout.policy.client import PolicyReply
+    from rayrollout.policy.call import PolicyReply
     from rayrollout.policy.gate import PolicyGate
 
     gate, sent = PolicyGate(), []

@@ -21,6 +21,7 @@ from netutil import served_routes
 import rayrollout.policy.client as client_module
 from rayrollout.data.config import PolicyConfig
 from rayrollout.data.schema import Message
+from rayrollout.policy.call import PolicyRequest
 from rayrollout.policy.client import PolicyClient, PolicyError
 from rayrollout.policy.tokens import TemplateError
 
@@ -80,7 +81,7 @@ async def test_a_token_ids_client_loads_its_tokenizer_when_made_not_at_its_first
     assert loads == ["tok"]  # made with the client, before any call
     try:
         reply = await policy.complete(
-            [Message(role="user", content="hi")], tools=[], session_id="episode-1"
+            PolicyRequest([Message(role="user", content="hi")], session_id="episode-1")
         )
     finally:
         await policy.close()
@@ -110,7 +111,7 @@ async def test_a_tokenizer_that_cannot_load_fails_the_call_not_the_client(monkey
     policy = PolicyClient(token_ids_config(), "http://127.0.0.1:9/v1")  # no error here
     try:
         with pytest.raises(PolicyError, match="cannot load the tokenizer 'tok'"):
-            await policy.complete([Message(role="user", content="hi")], tools=[])
+            await policy.complete(PolicyRequest([Message(role="user", content="hi")]))
     finally:
         await policy.close()
 
@@ -121,12 +122,12 @@ def test_a_worker_actor_pays_arrows_lazy_imports_when_made():
     script = """
 import sys
 from rayrollout.data.config import RunConfig
-from rayrollout.engine.worker import WorkerActor
+from rayrollout.engine.worker import WorkerActor, WorkerSpec
 assert "pandas" not in sys.modules, "imported before the worker was made: test is moot"
 config = RunConfig.model_validate(
     {"policy": {"kind": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m"}}
 )
-WorkerActor.__ray_actor_class__("worker:0", config, "http://127.0.0.1:9/v1")
+WorkerActor.__ray_actor_class__(WorkerSpec("worker:0", config, "http://127.0.0.1:9/v1"))
 assert "pandas" in sys.modules and "pyarrow.compute" in sys.modules
 """
     done = subprocess.run(

@@ -39,9 +39,9 @@ async def test_an_inline_session_is_built_with_the_config_args():
         {"environments": {"ahoy": {"path": GREETER, "args": {"greeting": "ahoy"}}}}
     )
     from rayrollout.engine.episode_spec import EpisodeSpec
-    from rayrollout.engine.worker import WorkerRunner
+    from rayrollout.engine.worker import WorkerRunner, WorkerSpec
 
-    runner = WorkerRunner("worker:test", config, "http://127.0.0.1:1/v1")
+    runner = WorkerRunner(WorkerSpec("worker:test", config, "http://127.0.0.1:1/v1"))
     try:
         env_cls = runner._env_class("ahoy")
         session = runner._session(env_cls, "ahoy", EpisodeSpec(task()), "e1")
@@ -63,9 +63,9 @@ async def test_hosting_is_looked_up_by_the_registered_name_not_the_class_name():
         }
     )
     from rayrollout.engine.episode_spec import EpisodeSpec
-    from rayrollout.engine.worker import WorkerRunner
+    from rayrollout.engine.worker import WorkerRunner, WorkerSpec
 
-    runner = WorkerRunner("worker:test", config, "http://127.0.0.1:1/v1")
+    runner = WorkerRunner(WorkerSpec("worker:test", config, "http://127.0.0.1:1/v1"))
     try:
         env_cls = runner._env_class("local-counter")
         assert env_cls is CounterEnv

@@ -27,6 +27,7 @@ from rayrollout.data.schema import (
 )
 from rayrollout.envkit import Episode, ToolResult, Verification
 from rayrollout.envkit.sessions import EnvironmentSetupFailed, EnvSession
+from rayrollout.policy.call import PolicyRequest
 from rayrollout.policy.client import PolicyError, PolicyTimeout
 from rayrollout.policy.protocol import Policy
 from rayrollout.policy.tokens import first_mismatch
@@ -138,12 +139,14 @@ class AgentEpisode:
         history = previous.turns if extends and previous is not None else []
         try:
             reply = await self.policy.complete(
-                sent,
-                offered,
-                sampling if sampling is not None else self.task.sampling,
-                session_id=self.episode_id,
-                history=history,
-                last_turn=speaker == POLICY and self.turns_left == 0,
+                PolicyRequest(
+                    sent,
+                    offered,
+                    sampling if sampling is not None else self.task.sampling,
+                    session_id=self.episode_id,
+                    history=history,
+                    last_turn=speaker == POLICY and self.turns_left == 0,
+                )
             )
         except PolicyTimeout as exc:
             raise EpisodeEnd("timeout", str(exc)) from None

@@ -81,7 +81,7 @@ def start_workers(config: RunConfig, policy_url: str, policy_key: SecretStr | No
     # Imported here: the worker's module brings the episode loop, agents, environment
     # sessions and Serve batching, which an engine actor whose driver starts the workers
     # never needs.
-    from rayrollout.engine.worker import WorkerActor
+    from rayrollout.engine.worker import WorkerActor, WorkerSpec
 
     return [
         WorkerActor.options(  # type: ignore[attr-defined]  # a Ray actor class (stubs)
@@ -90,11 +90,13 @@ def start_workers(config: RunConfig, policy_url: str, policy_key: SecretStr | No
             max_concurrency=100_000,
             **worker_actor_options(config, {"num_cpus": config.workers.num_cpus}),
         ).remote(
-            worker_name(i),
-            config,
-            policy_url,
-            policy_key,
-            worker_share(config.concurrency, config.workers.num_workers, i),
+            WorkerSpec(
+                worker_name(i),
+                config,
+                policy_url,
+                policy_key,
+                worker_share(config.concurrency, config.workers.num_workers, i),
+            )
         )
         for i in range(config.workers.num_workers)
     ]

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import pickle
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -45,7 +46,7 @@ from rayrollout.gc_tuning import tune_gc
 from rayrollout.policy.client import PolicyClient
 from rayrollout.policy.gate import PauseMode, PolicyGate
 
-__all__ = ["WorkerActor"]
+__all__ = ["WorkerActor", "WorkerRunner", "WorkerSpec"]
 
 logger = logging.getLogger(__name__)
 _EPISODE_ATTEMPTS = 3  # tries of an episode whose environment replica died mid-episode
@@ -76,31 +77,42 @@ class RunningSlot:
             self.semaphore.release()
 
 
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What one worker is made of: its name (``worker:<i>``), the run's config, the policy's
+    URL and key, and ``max_running``, its share of the run's ``concurrency``
+    (``worker_share``; default: an even share).
+
+    ``policy_key`` is the driver's policy API key (``secrets.policy_key``): the worker is the
+    only process that calls the policy, so the only one given it. Ray keeps the spec with
+    the actor's constructor arguments, so a restarted worker has the key again.
+    """
+
+    name: str
+    config: RunConfig
+    policy_url: str
+    policy_key: SecretStr | None = None
+    max_running: int | None = None
+
+
 class WorkerRunner:
     """The worker's logic, usable without Ray (tests, benchmarks of the bare loop)."""
 
-    def __init__(
-        self,
-        name: str,
-        config: RunConfig,
-        policy_url: str,
-        policy_key: SecretStr | None = None,
-        max_running: int | None = None,
-    ) -> None:
-        self.name = name
-        self.config = config
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.name = spec.name
+        self.config = config = spec.config
         # One connection per episode this worker may hold in flight, so no call queues for one.
         per_worker = -(-config.concurrency // config.workers.num_workers)
         # The engine sends more episodes than may run (so that no slot idles while a batch
         # of rows makes its round trip to the engine and the next chunk comes back); this
         # worker starts at most its share of ``concurrency`` at once, the rest wait here.
-        self.running = asyncio.Semaphore(max_running or per_worker)
+        self.running = asyncio.Semaphore(spec.max_running or per_worker)
         # Every model call passes the gate: pause/resume for weight updates, versions per turn.
         self.gate = PolicyGate(config.training.max_staleness)
         # The key as data, never in this process's environment (engine/secret_env.py): tool
         # subprocesses of inline environments inherit that environment.
-        key = policy_key.get_secret_value() if policy_key is not None else None
-        self.policy = PolicyClient(config.policy, policy_url, per_worker + 16, self.gate, key)
+        key = spec.policy_key.get_secret_value() if spec.policy_key is not None else None
+        self.policy = PolicyClient(config.policy, spec.policy_url, per_worker + 16, self.gate, key)
         self.handles: dict[str, Any] = {}
         self.env_classes: dict[str, type[Environment]] = {}  # by registered name, once loaded
         self.batchers: dict[str, BatchingHandle] = {}
@@ -274,28 +286,16 @@ class WorkerRunner:
 
 @ray.remote(max_restarts=-1, max_task_retries=0)
 class WorkerActor:
-    """One worker of the pool (named ``worker:<i>`` in the run's namespace).
+    """One worker of the pool (named ``worker:<i>`` in the run's namespace), made from a
+    ``WorkerSpec``."""
 
-    ``policy_key`` is the driver's policy API key (``secrets.policy_key``): the worker is
-    the only process that calls the policy, so the only one given it. Ray keeps it with the
-    actor's constructor arguments, so a restarted worker has it again. ``max_running`` is
-    this worker's share of the run's ``concurrency`` (``worker_share``).
-    """
-
-    def __init__(
-        self,
-        name: str,
-        config: RunConfig,
-        policy_url: str,
-        policy_key: SecretStr | None = None,
-        max_running: int | None = None,
-    ) -> None:
-        self.runner = WorkerRunner(name, config, policy_url, policy_key, max_running)
-        self.writer = f"w{name.removeprefix(WORKER_PREFIX)}"  # its parts: part-<run>-w0.<n>
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.runner = WorkerRunner(spec)
+        self.writer = f"w{spec.name.removeprefix(WORKER_PREFIX)}"  # its parts: part-<run>-w0.<n>
         self.parts: dict[PartsTarget, WorkerParts] = {}
         self.opening = asyncio.Lock()  # concurrent calls open a target's writer once
         self.sessions: dict[str, WorkerSession] = {}  # the engine's, by id: one at a time
-        self.histograms = EpisodeHistograms(config.namespace)  # observed as episodes end
+        self.histograms = EpisodeHistograms(spec.config.namespace)  # observed as episodes end
         warm_arrow()
         tune_gc()  # about a fifth of a worker's CPU went to the collector (gc_tuning)
 

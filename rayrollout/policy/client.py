@@ -32,6 +32,7 @@ from rayrollout.data.schema import (
     ToolCall,
     Turn,
 )
+from rayrollout.policy.call import PolicyReply, PolicyRequest
 from rayrollout.policy.errors import PolicyError, PolicyTimeout
 from rayrollout.policy.http import (
     HttpStatusError,
@@ -54,7 +55,7 @@ if TYPE_CHECKING:  # the gate imports this module's errors and reply
 
     from rayrollout.policy.gate import PolicyGate
 
-__all__ = ["PolicyClient", "PolicyError", "PolicyReply", "PolicyTimeout", "chat_reply"]
+__all__ = ["PolicyClient", "PolicyError", "PolicyTimeout", "chat_reply"]
 
 ABORTED = "abort"
 """The finish reason of a call the server stopped with its tokens kept (vLLM's)."""
@@ -71,14 +72,6 @@ def _openai_error(name: str) -> type[Exception]:
     path that can raise its errors: importing it in every worker cost 0.3 s of start-up."""
     module = sys.modules.get("openai")
     return getattr(module, name) if module is not None else _NotRaised
-
-
-@dataclass
-class PolicyReply:
-    message: Message
-    turn: Turn
-    text: str | None = None
-    """The completion's raw text (token-ids mode): what a continuation appends to."""
 
 
 @dataclass(slots=True)
@@ -181,25 +174,16 @@ class PolicyClient:
             params.update(sampling.model_dump(exclude_none=True))
         return {k: v for k, v in params.items() if v is not None}
 
-    async def complete(
-        self,
-        messages: list[Message],
-        tools: list[dict[str, Any]],
-        sampling: SamplingParams | None = None,
-        session_id: str | None = None,
-        history: list[Turn] | None = None,
-        last_turn: bool = False,
-    ) -> PolicyReply:
-        """One model call; returns the assistant message and the turn's record.
-
-        ``history`` (the episode's earlier turns) gives ``prompt_mode: token_ids`` the kept
-        ids; ``last_turn`` switches ``tool_choice: required`` to ``last_turn_tool_choice``.
-        """
+    async def complete(self, request: PolicyRequest) -> PolicyReply:
+        """One model call; returns the assistant message and the turn's record."""
         tool_choice = self.config.tool_choice
-        if tool_choice == "required" and last_turn:
+        if tool_choice == "required" and request.last_turn:
             tool_choice = self.config.last_turn_tool_choice
+        session_id = request.session_id
         headers = {"x-session-id": session_id} if session_id else None
-        call = _Call(messages, tools, sampling, headers, history or [], tool_choice)
+        call = _Call(
+            request.messages, request.tools, request.sampling, headers, request.history, tool_choice
+        )
         if self.gate is None:
             return await self._complete(call)
         return await self.gate.call(

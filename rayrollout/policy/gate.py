@@ -29,7 +29,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from rayrollout.data.schema import Turn
-from rayrollout.policy.client import ABORTED, PolicyError, PolicyReply
+from rayrollout.policy.call import PolicyReply
+from rayrollout.policy.client import ABORTED, PolicyError
 from rayrollout.policy.errors import StaleEpisode
 
 __all__ = ["PauseMode", "PolicyGate", "StaleEpisode"]

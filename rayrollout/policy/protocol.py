@@ -8,13 +8,10 @@ the loop (a policy that always fails, a canned one), without subclassing the cli
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from rayrollout.data.config import PolicyConfig
-from rayrollout.data.schema import Message, SamplingParams, Turn
-
-if TYPE_CHECKING:  # the client imports nothing of this module; this keeps it that way
-    from rayrollout.policy.client import PolicyReply
+from rayrollout.policy.call import PolicyReply, PolicyRequest
 
 __all__ = ["Policy"]
 
@@ -29,15 +26,7 @@ class Policy(Protocol):
 
     config: PolicyConfig
 
-    async def complete(
-        self,
-        messages: list[Message],
-        tools: list[dict[str, Any]],
-        sampling: SamplingParams | None = None,
-        session_id: str | None = None,
-        history: list[Turn] | None = None,
-        last_turn: bool = False,
-    ) -> PolicyReply:
+    async def complete(self, request: PolicyRequest) -> PolicyReply:
         """One model call: the assistant message and the turn's record."""
         ...
 

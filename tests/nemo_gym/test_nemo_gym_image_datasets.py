@@ -19,6 +19,7 @@ from recording_policy import TOKEN, body_images, recording_scripted_policy
 from rayrollout.data.config import PolicyConfig
 from rayrollout.data.images import decode_data_url
 from rayrollout.data.tasks import read_tasks
+from rayrollout.policy.call import PolicyRequest
 from rayrollout.policy.client import PolicyClient
 
 IMAGE_DATASETS = ("circle_click", "circle_count", "gui_coordinate", "image_tools", "vlm_eval_kit")
@@ -47,7 +48,7 @@ async def test_an_image_dataset_is_read_and_its_images_reach_the_policy(ng_src: 
         policy = PolicyClient(config, server.url, api_key=TOKEN)
         try:
             for task in tasks:
-                await policy.complete(task.prompt, tools=task.tools or [])
+                await policy.complete(PolicyRequest(task.prompt, tools=task.tools or []))
         finally:
             await policy.close()
     for row, task, body in zip(rows, tasks, server.bodies, strict=True):

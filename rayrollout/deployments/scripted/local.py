@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Any
 
 from rayrollout.data.config import PolicyConfig
-from rayrollout.data.schema import Message, SamplingParams, Turn
 from rayrollout.deployments.scripted.strategy import next_action
-from rayrollout.policy.client import PolicyReply, chat_reply
+from rayrollout.policy.call import PolicyReply, PolicyRequest
+from rayrollout.policy.client import chat_reply
 
 __all__ = ["LocalScriptedPolicy"]
 
@@ -27,20 +26,12 @@ class LocalScriptedPolicy:
         self.config = config
         self._ids = itertools.count()
 
-    async def complete(
-        self,
-        messages: list[Message],
-        tools: list[dict[str, Any]],
-        sampling: SamplingParams | None = None,
-        session_id: str | None = None,
-        history: list[Turn] | None = None,
-        last_turn: bool = False,
-    ) -> PolicyReply:
+    async def complete(self, request: PolicyRequest) -> PolicyReply:
         from rayrollout.deployments.scripted.protocol import chat_completion
 
         started = time.time()
-        sent = [m.to_openai() for m in messages]
-        action = next_action(sent, tools)
+        sent = [m.to_openai() for m in request.messages]
+        action = next_action(sent, request.tools)
         words = sum(len(str(m.get("content") or "").split()) for m in sent)
         answer = chat_completion(action, next(self._ids), self.config.model, words, 1)
         message, turn = chat_reply(answer, "scripted (in process)")
