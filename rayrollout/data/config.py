@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -352,10 +352,15 @@ class RayConfig(ConfigModel):
     )
 
 
+PauseMode = Literal["wait", "abort_and_retry", "continue", "interrupt"]
+"""What ``pause()`` does to model calls in flight (``TrainingConfig.pause_mode``)."""
+PAUSE_MODES: tuple[PauseMode, ...] = get_args(PauseMode)
+
+
 class TrainingConfig(ConfigModel):
     """How the engine's training-loop methods behave (``generate``, ``pause``, weights)."""
 
-    pause_mode: Literal["wait", "abort_and_retry", "continue", "interrupt"] = Field(
+    pause_mode: PauseMode = Field(
         default="wait",
         description="What pause() does to model calls in flight (new calls always wait): "
         "'wait' lets them finish under the old weights before pause() returns; "

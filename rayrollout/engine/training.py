@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from rayrollout.data.config import RunConfig
+from rayrollout.data.config import PauseMode, RunConfig
 from rayrollout.data.run_folder import RunFolder
 from rayrollout.data.schema import Task
 from rayrollout.data.task_digests import NextSamples
@@ -19,7 +19,6 @@ from rayrollout.engine.groups import GenerateResult, SamplingCounts, generate_gr
 from rayrollout.engine.stats import RunStats
 from rayrollout.engine.weights import WeightSync
 from rayrollout.figures import EngineStats, PolicyCalls, PolicyState
-from rayrollout.policy.gate import PauseMode
 
 __all__ = ["TrainingLoopAPI"]
 

@@ -31,9 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from rayrollout.client.models import MAX_VERSION
-from rayrollout.data.config import RunConfig
+from rayrollout.data.config import PAUSE_MODES, PauseMode, RunConfig
 from rayrollout.engine.errors import WeightsPathError
-from rayrollout.policy.gate import PAUSE_MODES, PauseMode
 from rayrollout.policy.kinds import (
     WeightBackend,
     WeightUpdateError,

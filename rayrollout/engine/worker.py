@@ -24,7 +24,7 @@ from rayrollout.agentkit import Agent
 from rayrollout.agentkit.episode import GatewayOpener
 from rayrollout.agentkit.gateway import Gateway
 from rayrollout.agentkit.registry import agent_spec, resolve_agent
-from rayrollout.data.config import RunConfig
+from rayrollout.data.config import PauseMode, RunConfig
 from rayrollout.engine.chunks import WorkerReport, warm_arrow
 from rayrollout.engine.episode_frame import run_episode
 from rayrollout.engine.episode_spec import EpisodeSpec, failed_trajectory
@@ -44,7 +44,7 @@ from rayrollout.envkit.sessions import (
 )
 from rayrollout.gc_tuning import tune_gc
 from rayrollout.policy.client import PolicyClient
-from rayrollout.policy.gate import PauseMode, PolicyGate
+from rayrollout.policy.gate import PolicyGate
 
 __all__ = ["WorkerActor", "WorkerRunner", "WorkerSpec"]
 

@@ -26,17 +26,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import Any
 
+from rayrollout.data.config import PAUSE_MODES, PauseMode
 from rayrollout.data.schema import Turn
 from rayrollout.policy.call import PolicyReply
 from rayrollout.policy.client import ABORTED, PolicyError
 from rayrollout.policy.errors import StaleEpisode
 
-__all__ = ["PauseMode", "PolicyGate", "StaleEpisode"]
+__all__ = ["PolicyGate", "StaleEpisode"]
 
-PauseMode = Literal["wait", "abort_and_retry", "continue", "interrupt"]
-PAUSE_MODES: tuple[str, ...] = ("wait", "abort_and_retry", "continue", "interrupt")
 MAX_STOPS = 1000  # a server that stops one call more often than this is stuck
 
 

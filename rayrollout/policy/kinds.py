@@ -23,11 +23,10 @@ from typing import Any, Protocol, TypeVar
 from pydantic import BaseModel
 
 from rayrollout.auth import RouteAuth
-from rayrollout.data.config import RunConfig
+from rayrollout.data.config import PauseMode, RunConfig
 from rayrollout.data.config_model import ConfigModel
 from rayrollout.plugins import PluginGroup
 from rayrollout.policy.errors import UnknownPolicyKindError, WeightUpdateError
-from rayrollout.policy.gate import PauseMode
 from rayrollout.policy.protocol import Policy
 
 __all__ = [
