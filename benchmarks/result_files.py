@@ -26,6 +26,10 @@ RESULTS_ENV = "RAYROLLOUT_BENCHMARK_RESULTS"
 """A folder to write results to instead of ``RESULTS``: how ``--runs N`` collects its runs
 (and how tests keep theirs out of ``benchmarks/results/``)."""
 
+SERIES_RUN_ENV = "RAYROLLOUT_BENCHMARK_SERIES_RUN"
+"""Set by ``--runs N`` for each of its runs: ``<number>:<results folder>``, the run's number
+in the series and the folder whose result file the series will replace (``earlier_record``)."""
+
 RUNS_HELP = (  # aligned with argparse's own option help
     "  --runs N              run the benchmark N times in a row, each in its own process,\n"
     "                        and keep the N runs as one result (the docs pool a figure\n"
@@ -137,10 +141,21 @@ def read_series(path: Path) -> dict[str, Any]:
     return data
 
 
-def latest_record(name: str, smoke: bool) -> dict[str, Any] | None:
-    """The newest run's record of a benchmark's result file, or None without one."""
-    path = result_path(name, smoke)
-    return read_series(path)["runs"][-1] if path.exists() else None
+def earlier_record(name: str, smoke: bool) -> dict[str, Any] | None:
+    """The record this run follows in the benchmark's result file, or None without one.
+
+    Outside a series it is the file's newest record. Run *i* of a series (``--runs N``)
+    follows run *i* of the series its result will replace, so that parts a benchmark keeps
+    from an earlier result (``task_scale.py --cases``) stay as many runs as were measured,
+    never one run copied into each."""
+    series_run = os.environ.get(SERIES_RUN_ENV)
+    if not series_run:
+        path = result_path(name, smoke)
+        return read_series(path)["runs"][-1] if path.exists() else None
+    number, _, folder = series_run.partition(":")
+    path = Path(folder) / result_path(name, smoke).name
+    runs = read_series(path)["runs"] if path.exists() else []
+    return runs[int(number) - 1] if int(number) <= len(runs) else None
 
 
 def _runs_argument(arguments: list[str]) -> tuple[int | None, list[str]]:
@@ -179,7 +194,11 @@ def run_benchmark(main: Callable[[], None]) -> None:
             print(f"run {number} of {runs}: {this_command(rest)}", file=sys.stderr)
             done = subprocess.run(
                 [sys.executable, sys.argv[0], *rest],
-                env={**os.environ, RESULTS_ENV: folder},
+                env={
+                    **os.environ,
+                    RESULTS_ENV: folder,
+                    SERIES_RUN_ENV: f"{number}:{results_dir()}",
+                },
                 stdout=subprocess.DEVNULL,
             )
             if done.returncode:

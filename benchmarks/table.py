@@ -130,10 +130,11 @@ def measured_by(command: str, runs: list[dict[str, Any]], target: Target) -> str
     where a result's cases come from several commands), else the result's."""
     parts = target.field.split(".")
     if parts[0] == "cases" and len(parts) > 1:
-        case = runs[-1].get("cases", {}).get(parts[1])
-        run = case.get("run") if isinstance(case, dict) else None
-        if isinstance(run, dict) and "command" in run:
-            return str(run["command"])
+        for record in reversed(runs):  # the newest run that holds the case
+            case = record.get("cases", {}).get(parts[1])
+            run = case.get("run") if isinstance(case, dict) else None
+            if isinstance(run, dict) and "command" in run:
+                return str(run["command"])
     return command
 
 

@@ -48,10 +48,13 @@ whose Ray did not start within Ray's own 30 s (a busy machine) is run again
 
 ``--cases`` runs some of the cases; the others are kept from the result file (each case
 holds ``run``: the command that measured it and the load before and after it, so a file
-whose cases come from several runs says which run measured which).
+whose cases come from several runs says which run measured which). In a series
+(``--runs N``) run *i* keeps the cases of run *i* of the series it replaces, so a case
+measured once stays one run, whatever N.
 
     python benchmarks/task_scale.py                  # N = 10^6, shards of 10^7 rows
     python benchmarks/task_scale.py --cases memory   # that case again, the others kept
+    python benchmarks/task_scale.py --cases memory --runs 3   # three runs of it
     python benchmarks/task_scale.py --smoke          # N = 10^4, shards of 10^5 rows
 
 Its four cases share the task sets, the command runner and the result file they are kept
@@ -90,7 +93,7 @@ from common import (  # noqa: E402
     stub_policy,
 )
 from process_memory import MB, Watcher  # noqa: E402
-from result_files import latest_record, run_benchmark, this_command  # noqa: E402
+from result_files import earlier_record, run_benchmark, this_command  # noqa: E402
 from startup import READY_LINE, child_env, rayrollout_command  # noqa: E402
 from task_reading import CITIES, TOOL  # noqa: E402
 
@@ -533,8 +536,9 @@ def measured(value: dict[str, Any], load_before: float) -> dict[str, Any]:
 
 
 def kept_cases(smoke: bool, run_now: list[str]) -> dict[str, Any]:
-    """The cases of the result file that this run does not measure (each with its ``run``)."""
-    earlier = latest_record("task_scale", smoke)
+    """The cases of the result file that this run does not measure (each with its ``run``),
+    from the record this run follows (``earlier_record``: run *i* of a series keeps run *i*'s)."""
+    earlier = earlier_record("task_scale", smoke)
     if earlier is None or earlier.get("rows") is None:
         return {}
     return {

@@ -262,3 +262,30 @@ def test_one_run_never_replaces_a_series_of_several_and_says_where_it_went(tmp_p
     assert [r["ratio"] for r in beside["runs"]] == [0.5]
     assert "keeps a series of 3 runs" in one.stderr and "tiny.single.json" in one.stderr
     assert not any("tiny.single" in line for line in table.targets_table(results))
+
+
+def test_each_run_of_a_series_follows_the_same_run_of_the_series_it_replaces(tmp_path):
+    """What a benchmark keeps from its earlier result (``task_scale.py --cases``) stays as
+    many runs as were measured: run i of a series reads run i of the one it replaces."""
+    results = tmp_path / "results"
+    results.mkdir()
+    write_series(
+        results, "tiny", [{"benchmark": "tiny", "mine": 1}, {"benchmark": "tiny", "mine": 2}]
+    )
+    main = (
+        "from result_files import earlier_record; earlier = earlier_record('tiny', False); "
+        "emit({'benchmark': 'tiny', 'kept': earlier and earlier['mine'], 'mine': 0})"
+    )
+    done = run_three_times(tmp_path, main)
+    assert done.returncode == 0, done.stderr
+    kept = result_files.read_series(results / "tiny.json")["runs"]
+    assert [r["kept"] for r in kept] == [1, 2, None]
+
+
+def test_a_case_kept_from_an_earlier_command_names_that_command(tmp_path):
+    case = Target("bench", "a case's figure", "cases.slow.value", "<= 5")
+    measured = {"value": 1.0, "run": {"command": "python benchmarks/bench.py --cases slow"}}
+    write_series(tmp_path, "bench", [{"cases": {"slow": measured}}, {"cases": {}}])
+    found = cells(table.targets_table(tmp_path, (case,)), "a case's figure")
+    assert found["by"] == "`python benchmarks/bench.py --cases slow`"
+    assert found["runs"] == "1"
