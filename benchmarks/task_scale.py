@@ -176,6 +176,14 @@ def load() -> float:
     return round(os.getloadavg()[0], 1)
 
 
+def _sigint_default() -> None:
+    """In the command's process before it starts: SIGINT back to its default. A shell
+    ignores SIGINT in what it starts in the background (``python benchmarks/... &``), the
+    ignoring is inherited through exec, and a Python started so never raises
+    KeyboardInterrupt: the interrupted runs would play every row instead of stopping."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_command(
     argv: list[str],
     out: Path | None,
@@ -199,6 +207,7 @@ def run_command(
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,  # a Ctrl-C of this script is not the command's
+        preexec_fn=_sigint_default,
     )
     watcher = Watcher(process.pid)
     watcher.start()
