@@ -50,7 +50,7 @@ from rayrollout.policy.tokens import (
     tool_call_structural_tag,
 )
 
-if TYPE_CHECKING:  # the gate imports this module's errors and reply
+if TYPE_CHECKING:  # the gate imports this module's errors
     import openai
 
     from rayrollout.policy.gate import PolicyGate
