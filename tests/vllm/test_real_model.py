@@ -281,7 +281,7 @@ def run_agents(
         "agent_settings": {
             "context_budget": {
                 "path": AGENTS["context_budget"],
-                "args": {"max_prompt_tokens": budget, "keep_last_turns": 1},
+                "args": {"max_prompt_tokens": budget, "keep_last_turns": 0},
             },
             "simulated_user": {"path": AGENTS["simulated_user"], "args": {"max_user_turns": 2}},
             "program": {
@@ -335,9 +335,11 @@ def test_agents_on_a_real_model_keep_each_sequence_token_exact(
         render(tokenizer, [Message(role="user", content=row["prompt"])], tools)
         for row in math_tasks()[:AGENT_TASKS]
     ]
-    # Room for the first prompt and a few tool calls (a call and its result: some 40 to 90
-    # tokens here): longer episodes are trimmed, and the calls after a trim extend it
-    # while the trimmed list + two tool calls fit (most of the episodes; one is enough).
+    # Room for the first prompt and a few tool calls (a call and its result: some 40 to 130
+    # tokens here, as the sampled call runs long or short): longer episodes are trimmed.
+    # A trim keeps no tool call (keep_last_turns 0), so the call after it extends the
+    # trimmed list whenever one call and its result fit in the 200 tokens, and a trim comes
+    # before the last turn whenever 5 calls pass them: any call of 41 to 175 tokens.
     budget = max(len(p) for p in first_prompts) + 200
     collected, generated = run_agents(smollm2_policy, tmp_path, agent_tasks(), budget)
     trajectories = collected + generated
