@@ -76,13 +76,11 @@ def _openai_error(name: str) -> type[Exception]:
 
 @dataclass(slots=True)
 class _Call:
-    """One model call's inputs as ``complete`` resolved them: what every backend reads."""
+    """One model call as ``complete`` resolved it: the request, with the session's routing
+    header and the tool choice for this turn."""
 
-    messages: list[Message]
-    tools: list[dict[str, Any]]
-    sampling: SamplingParams | None
+    request: PolicyRequest
     headers: dict[str, str] | None
-    history: list[Turn]
     tool_choice: str
     failed: list[str] = field(default_factory=list)
     """What each failed try of this call got, for its turn (``PolicyHttp.post`` appends)."""
@@ -181,13 +179,11 @@ class PolicyClient:
             tool_choice = self.config.last_turn_tool_choice
         session_id = request.session_id
         headers = {"x-session-id": session_id} if session_id else None
-        call = _Call(
-            request.messages, request.tools, request.sampling, headers, request.history, tool_choice
-        )
+        call = _Call(request, headers, tool_choice)
         if self.gate is None:
             return await self._complete(call)
         return await self.gate.call(
-            session_id or "", call.history, lambda kept: self._complete(call, kept)
+            session_id or "", call.request.history, lambda kept: self._complete(call, kept)
         )
 
     async def _complete(self, call: _Call, kept: PolicyReply | None = None) -> PolicyReply:
@@ -268,7 +264,7 @@ class PolicyClient:
 
     async def _model_logprobs(self, call: _Call, turn: Turn) -> None:
         """The turn's forced tokens and the model's own logprobs (``policy.model_logprobs``)."""
-        constraint = constraint_of(call.tools, call.tool_choice, self.config.extra_body)
+        constraint = constraint_of(call.request.tools, call.tool_choice, self.config.extra_body)
         await record_model_logprobs(
             turn,
             constraint,
@@ -281,11 +277,11 @@ class PolicyClient:
         cfg = self.config
         request: dict[str, Any] = {
             "model": cfg.model,
-            "messages": [m.to_openai() for m in call.messages],
-            **self._sampling(call.sampling),
+            "messages": [m.to_openai() for m in call.request.messages],
+            **self._sampling(call.request.sampling),
         }
-        if call.tools:
-            request["tools"] = call.tools
+        if call.request.tools:
+            request["tools"] = call.request.tools
             request["tool_choice"] = call.tool_choice
             if call.tool_choice == "required":  # one call per turn; several loop on weak models
                 request["parallel_tool_calls"] = False
@@ -300,17 +296,17 @@ class PolicyClient:
 
     async def _responses(self, call: _Call) -> tuple[Message, Turn]:
         cfg = self.config
-        params = self._sampling(call.sampling)
+        params = self._sampling(call.request.sampling)
         if "max_tokens" in params:
             params["max_output_tokens"] = params.pop("max_tokens")
         params.pop("seed", None)
         request: dict[str, Any] = {
             "model": cfg.model,
-            "input": messages_to_responses_input(call.messages),
+            "input": messages_to_responses_input(call.request.messages),
             **params,
         }
-        if call.tools:
-            request["tools"] = chat_tools_to_responses(call.tools)
+        if call.request.tools:
+            request["tools"] = chat_tools_to_responses(call.request.tools)
             request["tool_choice"] = call.tool_choice
         response = await self.openai_client.responses.create(
             **request, extra_body=cfg.extra_body or None, extra_headers=call.headers
@@ -338,24 +334,24 @@ class PolicyClient:
         resume its constraint mid-way, and one with images is not continued on the token
         route: either is made again from its start.
         """
-        images = [part for m in call.messages for part in m.images]
-        constrained = bool(call.tools and call.tool_choice == "required")
+        images = [part for m in call.request.messages for part in m.images]
+        constrained = bool(call.request.tools and call.tool_choice == "required")
         if kept is not None and kept.text is not None and not images and not constrained:
             return await self._continue(call, kept)
-        openai_messages = [m.to_openai() for m in call.messages]
-        last = call.history[-1] if call.history else None
+        openai_messages = [m.to_openai() for m in call.request.messages]
+        last = call.request.history[-1] if call.request.history else None
         if last is not None and last.prompt_token_ids:
             # Only the messages after the last assistant turn are new (tool results).
-            start = max(i for i, m in enumerate(call.messages) if m.role == "assistant") + 1
+            start = max(i for i, m in enumerate(call.request.messages) if m.role == "assistant") + 1
             delta = await self._renderer.delta(
-                openai_messages[start:], call.tools, last.completion_token_ids
+                openai_messages[start:], call.request.tools, last.completion_token_ids
             )
             sent = last._sent_prompt_ids
             prompt_ids = (sent if sent is not None else last.prompt_token_ids) + (
                 last.completion_token_ids + delta
             )
         else:
-            prompt_ids = await self._renderer.prompt(openai_messages, call.tools)
+            prompt_ids = await self._renderer.prompt(openai_messages, call.request.tools)
         if images:
             return (*await self._generate(call, prompt_ids, images), None)
         return await self._completions(call, prompt_ids)
@@ -363,7 +359,7 @@ class PolicyClient:
     async def _continue(self, call: _Call, kept: PolicyReply) -> tuple[Message, Turn, str]:
         """``kept``'s call on from its prompt + kept ids; the answer merged after them."""
         before = kept.turn
-        sampling = self._sampling(call.sampling)
+        sampling = self._sampling(call.request.sampling)
         if sampling.get("max_tokens") is not None:
             left = sampling["max_tokens"] - len(before.completion_token_ids)
             if left <= 0:  # stopped on its last token: done
@@ -371,9 +367,13 @@ class PolicyClient:
                 return kept.message, before, kept.text or ""
             limit = {"max_tokens": left}
             sampling_left = (
-                call.sampling.model_copy(update=limit) if call.sampling else SamplingParams(**limit)
+                call.request.sampling.model_copy(update=limit)
+                if call.request.sampling
+                else SamplingParams(**limit)
             )
-            call = dataclasses.replace(call, sampling=sampling_left)
+            call = dataclasses.replace(
+                call, request=dataclasses.replace(call.request, sampling=sampling_left)
+            )
         prompt = before.prompt_token_ids + before.completion_token_ids
         _, turn, text = await self._completions(call, prompt)
         text = (kept.text or "") + text
@@ -392,14 +392,14 @@ class PolicyClient:
         body: dict[str, Any] = {
             "model": cfg.model,
             "prompt": prompt_ids,
-            **self._sampling(call.sampling),
+            **self._sampling(call.request.sampling),
             **cfg.extra_body,
             "logprobs": 0,  # the sampled token's own logprob
             "return_token_ids": True,
         }
         body.pop("chat_template_kwargs", None)  # used for rendering, not by /completions
-        if call.tools and call.tool_choice == "required":
-            body["response_format"] = tool_call_structural_tag(call.tools)
+        if call.request.tools and call.tool_choice == "required":
+            body["response_format"] = tool_call_structural_tag(call.request.tools)
         answer = await self.http.post("/completions", body, call.headers, call.failed)
         choice, content, calls = self._text_choice(answer, call)
         text = choice.get("text") or ""
@@ -435,7 +435,7 @@ class PolicyClient:
     @staticmethod
     def _split_text(text: str, call: _Call) -> tuple[str | None, list[ToolCall]]:
         """Content and Hermes tool calls of a completion's text, when the call offered tools."""
-        if call.tools and call.tool_choice != "none":
+        if call.request.tools and call.tool_choice != "none":
             return parse_hermes_tool_calls(text)
         return text, []
 
@@ -449,11 +449,11 @@ class PolicyClient:
         (what the model saw, the sequence trained on) and keeps the sent ones, which the
         next call extends (sending expanded ids back would expand them again)."""
         cfg = self.config
-        sampling: dict[str, Any] = {**self._sampling(call.sampling), **cfg.extra_body}
+        sampling: dict[str, Any] = {**self._sampling(call.request.sampling), **cfg.extra_body}
         sampling.pop("chat_template_kwargs", None)  # used for rendering, not by vLLM here
         sampling["logprobs"] = 0  # the sampled token's own logprob
-        if call.tools and call.tool_choice == "required":
-            tag = tool_call_structural_tag(call.tools)
+        if call.request.tools and call.tool_choice == "required":
+            tag = tool_call_structural_tag(call.request.tools)
             sampling["structured_outputs"] = {"structural_tag": json.dumps(tag)}
         body: dict[str, Any] = {
             "model": cfg.model,
