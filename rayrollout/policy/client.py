@@ -275,22 +275,22 @@ class PolicyClient:
 
     async def _chat(self, call: _Call) -> tuple[Message, Turn]:
         cfg = self.config
-        request: dict[str, Any] = {
+        payload: dict[str, Any] = {
             "model": cfg.model,
             "messages": [m.to_openai() for m in call.request.messages],
             **self._sampling(call.request.sampling),
         }
         if call.request.tools:
-            request["tools"] = call.request.tools
-            request["tool_choice"] = call.tool_choice
+            payload["tools"] = call.request.tools
+            payload["tool_choice"] = call.tool_choice
             if call.tool_choice == "required":  # one call per turn; several loop on weak models
-                request["parallel_tool_calls"] = False
+                payload["parallel_tool_calls"] = False
         extra_body = dict(cfg.extra_body)
         if cfg.return_token_ids:
-            request["logprobs"] = True
+            payload["logprobs"] = True
             extra_body["return_token_ids"] = True
         body = await self.http.post(
-            "/chat/completions", {**request, **extra_body}, call.headers, call.failed
+            "/chat/completions", {**payload, **extra_body}, call.headers, call.failed
         )
         return chat_reply(body, self.base_url)
 
@@ -300,16 +300,16 @@ class PolicyClient:
         if "max_tokens" in params:
             params["max_output_tokens"] = params.pop("max_tokens")
         params.pop("seed", None)
-        request: dict[str, Any] = {
+        payload: dict[str, Any] = {
             "model": cfg.model,
             "input": messages_to_responses_input(call.request.messages),
             **params,
         }
         if call.request.tools:
-            request["tools"] = chat_tools_to_responses(call.request.tools)
-            request["tool_choice"] = call.tool_choice
+            payload["tools"] = chat_tools_to_responses(call.request.tools)
+            payload["tool_choice"] = call.tool_choice
         response = await self.openai_client.responses.create(
-            **request, extra_body=cfg.extra_body or None, extra_headers=call.headers
+            **payload, extra_body=cfg.extra_body or None, extra_headers=call.headers
         )
         output = [item.model_dump() for item in response.output]
         message = responses_output_to_message(output)
