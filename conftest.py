@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from rayrollout.engine.free_port import free_port
 
 REQUIRE_VARIABLE = "RAYROLLOUT_REQUIRE_SYSTEM_PACKAGES"
 """Comma-separated packages that must be present (CI): a test needing a missing one fails."""
@@ -84,13 +85,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             if package in required_packages():
                 pytest.fail(f"{reason}; {REQUIRE_VARIABLE} says it must be here", pytrace=False)
             pytest.skip(reason)
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (tests never bind other addresses)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 METRICS_PORT: list[int] = []  # Prometheus port of the session's Ray node

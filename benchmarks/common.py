@@ -23,16 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 from result_files import save_result
 
+from rayrollout.engine.free_port import free_port
+
 if TYPE_CHECKING:
     from rayrollout import RolloutEngine
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def spend_cpu(ms: float) -> None:

@@ -2,7 +2,6 @@
 when pytest loads the cluster tier's own conftest)."""
 
 import asyncio
-import socket
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -12,22 +11,19 @@ from typing import Any, Self
 
 from aiohttp import web
 
+from rayrollout.engine.free_port import can_bind
+from rayrollout.engine.free_port import free_port as free_port_on
+
 
 def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (tests never bind other addresses)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free TCP port on 127.0.0.1 (tests never bind other addresses), outside the range
+    that outgoing connections take their ports from."""
+    return free_port_on("127.0.0.1")
 
 
 def port_is_free(port: int) -> bool:
     """Whether ``port`` on 127.0.0.1 can be bound now (nothing listens on it)."""
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+    return can_bind("127.0.0.1", port)
 
 
 class ServedApp:

@@ -177,8 +177,9 @@ def test_local_ray_starts_without_a_dashboard_and_serve_listens_on_loopback(monk
     from ray import serve  # startup imports it only on the way to starting Serve
 
     monkeypatch.setattr(serve, "start", lambda **kw: started.setdefault("serve", kw))
+    monkeypatch.setattr(startup, "_serve_is_up", lambda: False)  # no Ray is connected here
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    config = RunConfig()
+    config = RunConfig.model_validate({"ray": {"serve_port": free_port()}})
     startup.ensure_ray(config)
     startup.ensure_serve(config)
     assert started["ray"]["include_dashboard"] is False

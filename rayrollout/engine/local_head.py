@@ -19,7 +19,6 @@ import fcntl
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from pydantic import BaseModel, Field
 
 from rayrollout.data.config import RunConfig
 from rayrollout.engine.errors import LocalHeadError
+from rayrollout.engine.free_port import free_port
 
 __all__ = [
     "HEAD_START_TIMEOUT_S",
@@ -120,13 +120,6 @@ def _locked() -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def start_or_join_head(config: RunConfig, env: dict[str, str]) -> LocalHead:
@@ -217,9 +210,9 @@ def _spawn(config: RunConfig, env: dict[str, str]) -> tuple[LocalHead, subproces
         f"--num-cpus={config.ray.num_cpus or max(2, os.cpu_count() or 2)}",
         f"--temp-dir={temp_dir}",
         "--include-dashboard=false",
-        f"--dashboard-port={_free_port()}",
-        f"--dashboard-agent-listen-port={_free_port()}",
-        f"--ray-client-server-port={_free_port()}",
+        f"--dashboard-port={free_port()}",
+        f"--dashboard-agent-listen-port={free_port()}",
+        f"--ray-client-server-port={free_port()}",
     ]
     started_at = time.time()
     with open(log_path, "w") as output:  # owner-only: the home folder is 0700

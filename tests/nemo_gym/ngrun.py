@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from rayrollout.engine.free_port import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 NG_VENV = Path(os.environ.get("NEMO_GYM_VENV", ROOT / ".venv-nemo-gym"))
@@ -29,13 +30,6 @@ READY_TIMEOUT_S = 300.0  # measured 10-12 s for three servers on an idle machine
 # overloaded machine; ng_run then exits before starting any server, so it is started again.
 RAY_START_FAILED = "The current node timed out during startup"
 START_ATTEMPTS = 3
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def server_config(kind: str, name: str) -> dict[str, Any]:

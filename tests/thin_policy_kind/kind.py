@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validat
 from rayrollout import FixedWeights, OwnServer, PolicyKind, RunConfig, kind_settings
 from rayrollout.auth import RouteAuth
 from rayrollout.data.config import PolicyConfig
+from rayrollout.engine.free_port import free_port
 
 
 class ThinSettings(BaseModel):
@@ -95,9 +95,7 @@ def _handler(settings: ThinSettings, auth: RouteAuth) -> type[BaseHTTPRequestHan
 def build_thin_server(config: RunConfig, auth: RouteAuth) -> OwnServer:
     """The kind's server on a free loopback port, started in the driver by the run."""
     settings = kind_settings(config, ThinSettings)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
 
     def start() -> Callable[[], None]:
         server = ThreadingHTTPServer(("127.0.0.1", port), _handler(settings, auth))

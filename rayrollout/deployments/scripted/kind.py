@@ -9,7 +9,6 @@ the version every turn records.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -20,6 +19,7 @@ from rayrollout.auth import RouteAuth
 from rayrollout.data.config import RunConfig
 from rayrollout.data.config_model import ConfigModel
 from rayrollout.deployments.scripted.local import LocalScriptedPolicy
+from rayrollout.engine.free_port import free_port
 from rayrollout.policy.kinds import FixedWeights, OwnServer, PolicyKind, kind_settings
 
 if TYPE_CHECKING:
@@ -87,9 +87,7 @@ def _own_server(config: RunConfig, auth: RouteAuth) -> OwnServer:
     )
 
     host = config.ray.serve_host
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        probe.bind((host, 0))
-        port = probe.getsockname()[1]
+    port = free_port(host)
     url_host = ray.util.get_node_ip_address() if host in ("0.0.0.0", "::", "") else host
     url_host = f"[{url_host}]" if ":" in url_host else url_host
     name = f"scripted-policy-{port}"

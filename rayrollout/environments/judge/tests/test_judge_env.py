@@ -2,7 +2,6 @@
 
 import json
 import re
-import socket
 import threading
 import time
 from pathlib import Path
@@ -14,16 +13,11 @@ from fastapi import FastAPI, Request
 from rayrollout import RolloutEngine
 from rayrollout.data.schema import Message
 from rayrollout.data.tasks import parse_task_row
+from rayrollout.engine.free_port import free_port
 from rayrollout.environments.judge.env import JudgeEnv
 from rayrollout.envkit import Episode
 
 HERE = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 SECTIONS = re.compile(r"Reference answer:\n(.*?)\n\nCandidate answer:\n(.*?)\n\nIs the", re.S)
