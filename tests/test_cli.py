@@ -13,6 +13,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from netutil import free_port
 from trajectories import write_through
 from typer.testing import CliRunner
 
@@ -169,7 +170,7 @@ def test_resume_after_a_killed_run_writes_exactly_the_missing_rows(tmp_path, sto
                 "policy": {"scripted": {"latency_s": 0.25}},
                 "output": {"rows_per_part": 10, "flush_interval_s": 0.5},
                 "concurrency": 8,
-                "ray": {"serve_port": 18_000 + os.getpid() % 1000, "num_cpus": 2},
+                "ray": {"serve_port": free_port(), "num_cpus": 2},
             }
         )
     )
