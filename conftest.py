@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from rayrollout.engine.free_port import free_port
+from rayrollout.ports import free_port
 
 REQUIRE_VARIABLE = "RAYROLLOUT_REQUIRE_SYSTEM_PACKAGES"
 """Comma-separated packages that must be present (CI): a test needing a missing one fails."""

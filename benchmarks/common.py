@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from result_files import save_result
 
-from rayrollout.engine.free_port import free_port
+from rayrollout.ports import free_port
 
 if TYPE_CHECKING:
     from rayrollout import RolloutEngine

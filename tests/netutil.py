@@ -11,8 +11,8 @@ from typing import Any, Self
 
 from aiohttp import web
 
-from rayrollout.engine.free_port import can_bind
-from rayrollout.engine.free_port import free_port as free_port_on
+from rayrollout.ports import can_bind
+from rayrollout.ports import free_port as free_port_on
 
 
 def free_port() -> int:

@@ -36,6 +36,7 @@ RANKS = {
     "errors": 0,
     "auth": 0,
     "gc_tuning": 0,
+    "ports": 0,  # free ports for servers that bind later
     "figures": 0,  # the run figures the engine answers and the light client reads
     "data": 1,
     "plugins": 1,  # the entry-point mechanism of every registry: errors only
@@ -50,7 +51,7 @@ RANKS = {
     "__main__": 7,  # python -m rayrollout: the console script, run by a Python
 }
 PLUGINS = BUILT_IN_PACKAGES  # the built-in plugins' folders
-PLUGIN_MAY_IMPORT = {"errors", "auth", "data", "envkit", "policy", "agentkit"}
+PLUGIN_MAY_IMPORT = {"errors", "auth", "ports", "data", "envkit", "policy", "agentkit"}
 
 
 def _part(module: str) -> str | None:

@@ -32,7 +32,7 @@ from pydantic import BaseModel, Field
 
 from rayrollout.data.config import RunConfig
 from rayrollout.engine.errors import LocalHeadError
-from rayrollout.engine.free_port import free_port
+from rayrollout.ports import free_port
 
 __all__ = [
     "HEAD_START_TIMEOUT_S",

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from rayrollout.engine.free_port import free_port
+from rayrollout.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 NG_VENV = Path(os.environ.get("NEMO_GYM_VENV", ROOT / ".venv-nemo-gym"))

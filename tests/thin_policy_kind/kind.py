@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validat
 from rayrollout import FixedWeights, OwnServer, PolicyKind, RunConfig, kind_settings
 from rayrollout.auth import RouteAuth
 from rayrollout.data.config import PolicyConfig
-from rayrollout.engine.free_port import free_port
+from rayrollout.ports import free_port
 
 
 class ThinSettings(BaseModel):

@@ -19,8 +19,8 @@ from rayrollout.auth import RouteAuth
 from rayrollout.data.config import RunConfig
 from rayrollout.data.config_model import ConfigModel
 from rayrollout.deployments.scripted.local import LocalScriptedPolicy
-from rayrollout.engine.free_port import free_port
 from rayrollout.policy.kinds import FixedWeights, OwnServer, PolicyKind, kind_settings
+from rayrollout.ports import free_port
 
 if TYPE_CHECKING:
     from ray import serve

@@ -13,9 +13,9 @@ from fastapi import FastAPI, Request
 from rayrollout import RolloutEngine
 from rayrollout.data.schema import Message
 from rayrollout.data.tasks import parse_task_row
-from rayrollout.engine.free_port import free_port
 from rayrollout.environments.judge.env import JudgeEnv
 from rayrollout.envkit import Episode
+from rayrollout.ports import free_port
 
 HERE = Path(__file__).resolve().parents[1]
 
