@@ -12,13 +12,7 @@ from typing import Any, Self
 from aiohttp import web
 
 from rayrollout.ports import can_bind
-from rayrollout.ports import free_port as free_port_on
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (tests never bind other addresses), outside the range
-    that outgoing connections take their ports from."""
-    return free_port_on("127.0.0.1")
+from rayrollout.ports import free_port as free_port  # tests bind 127.0.0.1 only, its default
 
 
 def port_is_free(port: int) -> bool:
