@@ -30,9 +30,14 @@ def ephemeral_start() -> int:
         return DEFAULT_EPHEMERAL_START
 
 
+def tcp_socket(host: str) -> socket.socket:
+    """A TCP socket of the address family ``host`` is written in (IPv6 where it has a colon)."""
+    return socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+
+
 def can_bind(host: str, port: int) -> bool:
     """Whether ``port`` on ``host`` can be bound now (nothing listens on it)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+    with tcp_socket(host) as probe:
         try:
             probe.bind((host, port))
         except OSError:
@@ -51,7 +56,7 @@ def free_port(host: str = "127.0.0.1") -> int:
             port = _choose.randrange(low, high)
             if can_bind(host, port):
                 return port
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+    with tcp_socket(host) as probe:
         probe.bind((host, 0))
         chosen: int = probe.getsockname()[1]
         return chosen

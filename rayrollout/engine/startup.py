@@ -24,6 +24,7 @@ from rayrollout.engine.ray_auth import require_ray_token_auth
 from rayrollout.engine.secret_env import without_secrets
 from rayrollout.errors import ClusterError
 from rayrollout.policy.kinds import CheckedPolicy, OwnServer, policy_kind
+from rayrollout.ports import tcp_socket
 
 __all__ = [
     "PolicyEndpointError",
@@ -155,7 +156,7 @@ def check_serve_port(config: RunConfig) -> None:
         ClusterError: the port is taken; names it and the setting that moves it.
     """
     host, port = config.ray.serve_host, config.ray.serve_port
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+    with tcp_socket(host) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the proxy binds
         try:
             probe.bind((host, port))
